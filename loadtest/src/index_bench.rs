@@ -1,0 +1,210 @@
+//! `index-bench`: build an index from a vector file, then measure recall and
+//! single-thread QPS per `ef`, and the cost of incremental inserts.
+//! Same flags and JSON shape as `../shared/peers/bench.py` and hannoy-bench.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use shoal_engine::{Batch, Index, IndexOptions, IndexParams, Metric, SearchParams};
+
+use crate::fvecs::VecFile;
+use crate::groundtruth;
+use crate::memory::{PeakSampler, release_free_memory};
+
+/// Flags of `index-bench`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    /// Base vectors (.fvecs).
+    #[arg(long)]
+    base: PathBuf,
+    /// Query vectors (.fvecs).
+    #[arg(long)]
+    query: PathBuf,
+    /// Exact neighbours of each query (.ivecs); ignored with --limit.
+    #[arg(long)]
+    groundtruth: Option<PathBuf>,
+    #[arg(long, default_value = "cosine")]
+    metric: Metric,
+    #[arg(long, default_value_t = 16)]
+    m: u16,
+    #[arg(long, default_value_t = 100)]
+    ef_construction: u32,
+    /// Build threads (the calling thread included).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Comma-separated search ef values.
+    #[arg(long, default_value = "16,32,64,128,256", value_delimiter = ',')]
+    ef: Vec<usize>,
+    #[arg(long, default_value_t = 10_000)]
+    batch_size: usize,
+    /// Use only the first N base vectors (exact ground truth is computed).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Number of queries to run.
+    #[arg(long, default_value_t = 1000)]
+    queries: usize,
+    /// Skip the 1k-into-10k/30k/100k insert measurements.
+    #[arg(long)]
+    no_incremental: bool,
+    /// Directory for the index environments (default: the system temp dir).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+const K: usize = 10;
+
+pub(crate) fn run(a: Args) -> Result<()> {
+    if a.threads == 0 || a.batch_size == 0 {
+        bail!("--threads and --batch-size must be at least 1");
+    }
+    let base = VecFile::open(&a.base)?;
+    let query = VecFile::open(&a.query)?;
+    if base.dim() != query.dim() {
+        bail!("base has dimension {}, queries {}", base.dim(), query.dim());
+    }
+    let n = a.limit.unwrap_or(base.len()).min(base.len());
+    let queries: Vec<Vec<f32>> = (0..a.queries.min(query.len())).map(|i| query.f32_row(i)).collect::<Result<_>>()?;
+    let truth: Vec<Vec<u32>> = match (&a.groundtruth, a.limit) {
+        (Some(g), None) => {
+            let g = VecFile::open(g)?;
+            if g.len() < queries.len() || g.dim() < K {
+                bail!("ground truth has {} rows of {} ids; need {} rows of at least {K}", g.len(), g.dim(), queries.len());
+            }
+            (0..queries.len()).map(|i| Ok(g.i32_row(i)?[..K].iter().map(|&x| x as u32).collect())).collect::<Result<_>>()?
+        }
+        _ => {
+            eprintln!("computing exact top-{K} over {n} vectors for {} queries...", queries.len());
+            groundtruth::exact(&base, n, &queries, a.metric, K)?
+        }
+    };
+    let params = IndexParams::new(base.dim() as u32, a.metric).with_m(a.m).with_ef_construction(a.ef_construction);
+    let opts = IndexOptions { build_threads: a.threads, ..IndexOptions::default() };
+    let root = match &a.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            tempfile::tempdir_in(d)?
+        }
+        None => tempfile::tempdir()?,
+    };
+
+    // Build.
+    let dir = root.path().join("full");
+    let index = Index::open_or_create(&dir, params, opts.clone())?;
+    let mut batch_peaks = Vec::new();
+    let t0 = Instant::now();
+    let mut start = 0;
+    while start < n {
+        let end = (start + a.batch_size).min(n);
+        let sampler = PeakSampler::start();
+        index.apply(read_batch(&base, start, end)?).with_context(|| format!("batch {start}..{end}"))?;
+        batch_peaks.push(json!({"index_before": start, "batch": end - start, "peak_rss_anon_bytes": sampler.finish()}));
+        eprint!("\rbuilt {end}/{n} in {:.1}s", t0.elapsed().as_secs_f64());
+        start = end;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!();
+    let build_peak = batch_peaks.iter().filter_map(|b| b["peak_rss_anon_bytes"].as_u64()).max().unwrap_or(0);
+    let stats = index.stats()?;
+
+    // Search, single-threaded.
+    let mut search = Vec::new();
+    for &ef in &a.ef {
+        let sp = SearchParams::new(K, ef.max(K));
+        let t = Instant::now();
+        let mut hits = 0usize;
+        for (q, truth) in queries.iter().zip(&truth) {
+            let got = index.search(q, sp)?;
+            let truth: HashSet<u32> = truth.iter().copied().collect();
+            hits += got.iter().filter(|h| truth.contains(&(h.id as u32))).count();
+        }
+        let dt = t.elapsed().as_secs_f64();
+        let recall = hits as f64 / (K * queries.len()) as f64;
+        let qps = queries.len() as f64 / dt;
+        eprintln!("ef={ef:<4} recall@{K}={recall:.4} qps={qps:.0}");
+        search.push(json!({"ef": ef, "recall": round(recall, 4), "qps": round(qps, 1)}));
+    }
+    let unaligned = index.snapshot()?.unaligned_vectors();
+    drop(index);
+
+    // Incremental inserts.
+    let mut incremental = Vec::new();
+    if !a.no_incremental {
+        for size in [10_000usize, 30_000, 100_000] {
+            if size + 1000 > n {
+                break;
+            }
+            let d = root.path().join(format!("inc-{size}"));
+            let idx = Index::open_or_create(&d, params, opts.clone())?;
+            let mut s = 0;
+            while s < size {
+                let e = (s + a.batch_size).min(size);
+                idx.apply(read_batch(&base, s, e)?)?;
+                s = e;
+            }
+            let batch = read_batch(&base, size, size + 1000)?;
+            let sampler = PeakSampler::start();
+            let t = Instant::now();
+            idx.apply(batch)?;
+            let ms = t.elapsed().as_secs_f64() * 1000.0 / 1000.0;
+            let peak = sampler.finish();
+            eprintln!("1000 into {size}: {ms:.4} ms/vector, peak RssAnon {} MiB", peak >> 20);
+            incremental.push(json!({"base": size, "added": 1000, "ms_per_vector": round(ms, 4), "peak_rss_anon_bytes": peak}));
+            drop(idx);
+            std::fs::remove_dir_all(&d).ok();
+        }
+    }
+
+    let raw = (n * base.dim() * 4) as u64;
+    let out = json!({
+        "lib": "shoal",
+        "params": {"m": a.m, "ef_construction": a.ef_construction, "threads": a.threads, "metric": a.metric.name(),
+                   "batch_size": a.batch_size},
+        "build": {"vectors": n, "seconds": round(secs, 3), "vectors_per_s": round(n as f64 / secs, 1),
+                  "disk_bytes": stats.disk_bytes, "raw_bytes": raw, "peak_rss_anon_bytes": build_peak,
+                  "batches": batch_peaks, "max_level": stats.max_level, "unaligned_vectors": unaligned},
+        "search": search,
+        "incremental": incremental,
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    print_summary(&out);
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&out)?).with_context(|| format!("writing {}", p.display()))?;
+    }
+    release_free_memory();
+    Ok(())
+}
+
+fn read_batch(base: &VecFile, start: usize, end: usize) -> Result<Batch> {
+    let points = (start..end).map(|i| Ok((i as u64, base.f32_row(i)?))).collect::<Result<Vec<_>>>()?;
+    Ok(Batch::upserts(points))
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+fn print_summary(out: &serde_json::Value) {
+    let b = &out["build"];
+    eprintln!(
+        "build: {} vectors in {:.1}s = {:.0}/s; disk {:.1} MiB ({:.2}x raw); peak RssAnon {:.1} MiB",
+        b["vectors"],
+        b["seconds"].as_f64().unwrap_or(0.0),
+        b["vectors_per_s"].as_f64().unwrap_or(0.0),
+        b["disk_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
+        b["disk_bytes"].as_f64().unwrap_or(0.0) / b["raw_bytes"].as_f64().unwrap_or(1.0),
+        b["peak_rss_anon_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
+    );
+}
+
+/// Where the index of a run lives (for callers that keep it).
+#[allow(dead_code)]
+pub(crate) fn env_dir(root: &Path) -> PathBuf {
+    root.join("full")
+}

@@ -1,0 +1,33 @@
+//! `shoal-loadtest`: shoal's benchmarks. Performance targets live here,
+//! never in timed tests.
+
+mod compare;
+mod fvecs;
+mod groundtruth;
+mod index_bench;
+mod memory;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "shoal-loadtest", about = "Benchmarks for shoal")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build an index from .fvecs files; measure recall, QPS, incremental
+    /// inserts, disk and memory (same JSON as ../shared/peers).
+    IndexBench(index_bench::Args),
+    /// Print index-bench JSON files (ours and the peers') side by side.
+    Compare(compare::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::IndexBench(a) => index_bench::run(a),
+        Command::Compare(a) => compare::run(a),
+    }
+}

@@ -1,0 +1,79 @@
+//! What a writer sends to an index, and what it gets back.
+
+/// One point to insert or replace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Point {
+    /// The caller's id.
+    pub id: u64,
+    /// Its vector; must have the index's dimension.
+    pub vector: Vec<f32>,
+    /// Optional bytes returned with hits and by `get`.
+    pub payload: Option<Vec<u8>>,
+}
+
+/// One change in a batch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// Insert the point, or replace the point with the same id.
+    Upsert(Point),
+    /// Remove the point with this id; it must exist.
+    Delete(u64),
+}
+
+/// Where a batch sits in an ingest job's input, so the job can resume.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SourceOffset {
+    /// The job's input stream (for example a file name or a topic
+    /// partition); 1 to [`MAX_SOURCE_BYTES`] bytes.
+    pub source: String,
+    /// Position of the batch in that stream; must grow from batch to batch.
+    pub offset: u64,
+}
+
+/// Longest accepted source name (LMDB keys are at most 511 bytes).
+pub const MAX_SOURCE_BYTES: usize = 255;
+
+/// Operations applied atomically: after a commit searches see all of them,
+/// before it none.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch {
+    /// Applied in order; for an id named twice, the later operation wins.
+    pub ops: Vec<Op>,
+    /// If set, the batch is applied only if `offset` is above the highest
+    /// offset stored for `source`, and that offset is stored with the data.
+    pub source: Option<SourceOffset>,
+}
+
+impl Batch {
+    /// A batch of upserts without payloads.
+    pub fn upserts(points: impl IntoIterator<Item = (u64, Vec<f32>)>) -> Self {
+        Batch {
+            ops: points.into_iter().map(|(id, vector)| Op::Upsert(Point { id, vector, payload: None })).collect(),
+            source: None,
+        }
+    }
+
+    /// Tags the batch with its place in a source.
+    pub fn with_source(mut self, source: impl Into<String>, offset: u64) -> Self {
+        self.source = Some(SourceOffset { source: source.into(), offset });
+        self
+    }
+}
+
+/// What happened to one batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BatchOutcome {
+    /// The batch was committed.
+    Applied {
+        /// Upserts it carried.
+        upserted: usize,
+        /// Deletes it carried.
+        deleted: usize,
+    },
+    /// The batch's offset was not above the stored one: it was applied
+    /// before, and nothing was changed.
+    Skipped {
+        /// Highest offset stored for the source.
+        current: u64,
+    },
+}

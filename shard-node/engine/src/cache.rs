@@ -1,0 +1,246 @@
+//! Per-thread memo tables keyed by dense internal ids.
+//!
+//! Internal ids are dense, so a two-level table (a vector of lazily
+//! allocated 1,024-entry chunks) answers in a few loads with no hashing, and
+//! costs memory only for the id ranges a thread actually touched. A budget
+//! caps it: past the budget the table is simply emptied, because everything
+//! in it can be fetched again.
+
+use std::ptr::NonNull;
+
+const CHUNK_BITS: u32 = 10;
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+/// A lazily allocated table from dense `u32` ids to `Copy` values.
+pub(crate) struct DenseTable<T: Copy + Default> {
+    chunks: Vec<Option<Box<[T; CHUNK]>>>,
+    allocated: usize,
+    max_chunks: usize,
+}
+
+impl<T: Copy + Default> DenseTable<T> {
+    /// A table that holds at most about `budget_bytes` of entries.
+    pub(crate) fn with_budget(budget_bytes: usize) -> Self {
+        let max_chunks = (budget_bytes / (CHUNK * size_of::<T>())).max(1);
+        DenseTable { chunks: Vec::new(), allocated: 0, max_chunks }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, id: u32) -> T {
+        match self.chunks.get((id >> CHUNK_BITS) as usize) {
+            Some(Some(chunk)) => chunk[id as usize & (CHUNK - 1)],
+            Some(None) | None => T::default(),
+        }
+    }
+
+    /// Mutable slot for `id`, allocating its chunk (and maybe clearing the
+    /// table to stay within budget) first.
+    #[inline]
+    pub(crate) fn slot(&mut self, id: u32) -> &mut T {
+        let c = (id >> CHUNK_BITS) as usize;
+        if c >= self.chunks.len() {
+            self.chunks.resize_with(c + 1, || None);
+        }
+        if self.chunks[c].is_none() {
+            if self.allocated >= self.max_chunks {
+                self.chunks.iter_mut().for_each(|chunk| *chunk = None);
+                self.allocated = 0;
+            }
+            self.chunks[c] = Some(Box::new([T::default(); CHUNK]));
+            self.allocated += 1;
+        }
+        match &mut self.chunks[c] {
+            Some(chunk) => &mut chunk[id as usize & (CHUNK - 1)],
+            None => unreachable!("chunk allocated above"),
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.chunks.clear();
+        self.allocated = 0;
+    }
+
+    /// Heap bytes held by entries.
+    pub(crate) fn bytes(&self) -> usize {
+        self.allocated * CHUNK * size_of::<T>()
+    }
+}
+
+/// A pointer into LMDB's map (or a write transaction's dirty page), valid as
+/// long as the transaction it was read through. `None` means "not fetched".
+#[derive(Clone, Copy, Default)]
+pub(crate) struct RawPtr(Option<NonNull<u8>>);
+
+// SAFETY: a RawPtr is only dereferenced by the owner of the transaction it
+// came from (see `view::TxnView`); moving the table between threads together
+// with that transaction is sound.
+unsafe impl Send for RawPtr {}
+
+impl RawPtr {
+    #[inline]
+    pub(crate) fn new(p: *const u8) -> Self {
+        RawPtr(NonNull::new(p.cast_mut()))
+    }
+
+    #[inline]
+    pub(crate) fn get(self) -> Option<*const u8> {
+        self.0.map(|p| p.as_ptr().cast_const())
+    }
+}
+
+/// Marks ids as visited during one graph search; reset in O(1) by bumping
+/// an epoch, like hnswlib's visited lists.
+pub(crate) struct Visited {
+    marks: DenseTable<u16>,
+    epoch: u16,
+}
+
+impl Visited {
+    pub(crate) fn new() -> Self {
+        // Visited marks must never be dropped mid-search, so no budget.
+        Visited { marks: DenseTable::with_budget(usize::MAX), epoch: 1 }
+    }
+
+    /// Starts a new search.
+    pub(crate) fn reset(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.marks.clear();
+            self.epoch = 1;
+        }
+    }
+
+    /// Marks `id`; returns true if it was not marked in this search.
+    #[inline]
+    pub(crate) fn insert(&mut self, id: u32) -> bool {
+        let epoch = self.epoch;
+        let slot = self.marks.slot(id);
+        if *slot == epoch {
+            false
+        } else {
+            *slot = epoch;
+            true
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.marks.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_keeps_values_and_respects_budget() {
+        let mut t: DenseTable<u32> = DenseTable::with_budget(2 * CHUNK * 4);
+        *t.slot(5) = 7;
+        *t.slot(CHUNK as u32 + 1) = 9;
+        assert_eq!((t.get(5), t.get(CHUNK as u32 + 1), t.get(6), t.get(1 << 30)), (7, 9, 0, 0));
+        // A third chunk exceeds the budget: the table starts over.
+        *t.slot(5 * CHUNK as u32) = 1;
+        assert_eq!((t.get(5), t.get(5 * CHUNK as u32)), (0, 1));
+        assert_eq!(t.bytes(), CHUNK * 4);
+    }
+
+    #[test]
+    fn visited_resets_by_epoch_and_survives_wraparound() {
+        let mut v = Visited::new();
+        for round in 0..70_000u32 {
+            v.reset();
+            assert!(v.insert(round % 3000), "round {round}");
+            assert!(!v.insert(round % 3000));
+        }
+    }
+}
+
+/// A table from dense ids to addresses, shared by every thread of an index
+/// and kept across transactions. It may only hold addresses that stay valid
+/// for as long as the environment stays mapped (see `view::FrozenVectors`);
+/// [`SharedTable::clear`] must run whenever the map moves.
+pub(crate) struct SharedTable {
+    /// 4,096 directory slots × 1,024 chunk slots × 1,024 entries = 2^32 ids.
+    dirs: Box<[std::sync::OnceLock<Box<[std::sync::OnceLock<Box<[AtomicUsize]>>]>>]>,
+    chunks: AtomicUsize,
+    max_chunks: usize,
+}
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const DIR_SLOTS: usize = 4096;
+const DIR_CHUNKS: usize = 1024;
+
+impl SharedTable {
+    /// A table that allocates at most about `budget_bytes` of entries; ids
+    /// beyond the budget are simply not remembered.
+    pub(crate) fn with_budget(budget_bytes: usize) -> Self {
+        SharedTable {
+            dirs: (0..DIR_SLOTS).map(|_| std::sync::OnceLock::new()).collect(),
+            chunks: AtomicUsize::new(0),
+            max_chunks: budget_bytes / (CHUNK * size_of::<usize>()),
+        }
+    }
+
+    fn split(id: u32) -> (usize, usize, usize) {
+        let id = id as usize;
+        (id >> 20, (id >> CHUNK_BITS) & (DIR_CHUNKS - 1), id & (CHUNK - 1))
+    }
+
+    /// The address stored for `id`, or 0.
+    #[inline]
+    pub(crate) fn get(&self, id: u32) -> usize {
+        let (d, c, e) = Self::split(id);
+        match self.dirs[d].get().and_then(|dir| dir[c].get()) {
+            Some(chunk) => chunk[e].load(Ordering::Relaxed),
+            None => 0,
+        }
+    }
+
+    /// Remembers `addr` for `id` (if the budget allows).
+    pub(crate) fn set(&self, id: u32, addr: usize) {
+        let (d, c, e) = Self::split(id);
+        let dir = self.dirs[d].get_or_init(|| (0..DIR_CHUNKS).map(|_| std::sync::OnceLock::new()).collect());
+        let chunk = match dir[c].get() {
+            Some(chunk) => chunk,
+            None => {
+                if self.chunks.fetch_add(1, Ordering::Relaxed) >= self.max_chunks {
+                    self.chunks.fetch_sub(1, Ordering::Relaxed);
+                    return;
+                }
+                dir[c].get_or_init(|| (0..CHUNK).map(|_| AtomicUsize::new(0)).collect())
+            }
+        };
+        chunk[e].store(addr, Ordering::Relaxed);
+    }
+
+    /// Forgets everything. Callers guarantee no other thread uses the table.
+    pub(crate) fn clear(&mut self) {
+        for dir in self.dirs.iter_mut() {
+            dir.take();
+        }
+        *self.chunks.get_mut() = 0;
+    }
+
+    /// Heap bytes held by entries.
+    pub(crate) fn bytes(&self) -> usize {
+        self.chunks.load(Ordering::Relaxed) * CHUNK * size_of::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod shared_tests {
+    use super::*;
+
+    #[test]
+    fn shared_table_stores_across_the_whole_id_range_within_budget() {
+        let mut t = SharedTable::with_budget(2 * CHUNK * 8);
+        t.set(3, 30);
+        t.set(u32::MAX, 7);
+        assert_eq!((t.get(3), t.get(u32::MAX), t.get(4)), (30, 7, 0));
+        t.set(5 << 20, 1); // third chunk: over budget, ignored
+        assert_eq!(t.get(5 << 20), 0);
+        t.clear();
+        assert_eq!(t.get(3), 0);
+    }
+}

@@ -1,0 +1,313 @@
+//! Byte layouts of every key and value the engine stores.
+//!
+//! All databases are `Database<Bytes, Bytes>` and the typed encoding lives
+//! here: heed's integer codecs allocate a `Vec` for every key they encode,
+//! which is measurable on the search path, while these functions work on
+//! fixed-size arrays on the stack.
+//!
+//! Keys are big-endian so that LMDB's byte order is numeric order and
+//! sequential internal ids append to the B-trees instead of splitting pages
+//! all over the file. Values are little-endian (the CPU's order) so vectors
+//! can be read in place.
+
+use crate::metric::Metric;
+use crate::params::IndexParams;
+
+/// Key of a per-node database: the internal id, big-endian.
+#[inline]
+pub(crate) fn id_key(id: u32) -> [u8; 4] {
+    id.to_be_bytes()
+}
+
+/// Inverse of [`id_key`].
+pub(crate) fn decode_id_key(key: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(key.try_into().ok()?))
+}
+
+/// Key of an upper-layer link list: (level, id), so each layer is one
+/// contiguous, append-only run of the B-tree and upper layers stay compact.
+#[inline]
+pub(crate) fn upper_key(level: u8, id: u32) -> [u8; 5] {
+    let mut k = [0u8; 5];
+    k[0] = level;
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// Key of the external-id map: the user's 64-bit id, big-endian.
+#[inline]
+pub(crate) fn external_key(id: u64) -> [u8; 8] {
+    id.to_be_bytes()
+}
+
+/// Flags of a node record.
+pub(crate) const NODE_TOMBSTONE: u8 = 1;
+
+/// What the index knows about one internal id besides its vector and links.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct NodeRecord {
+    /// The user's id.
+    pub(crate) external: u64,
+    /// Highest layer the node lives on.
+    pub(crate) level: u8,
+    /// [`NODE_TOMBSTONE`] once deleted or replaced by an upsert.
+    pub(crate) flags: u8,
+}
+
+impl NodeRecord {
+    pub(crate) const SIZE: usize = 10;
+
+    pub(crate) fn is_tombstone(&self) -> bool {
+        self.flags & NODE_TOMBSTONE != 0
+    }
+
+    pub(crate) fn encode(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[..8].copy_from_slice(&self.external.to_le_bytes());
+        b[8] = self.level;
+        b[9] = self.flags;
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Option<NodeRecord> {
+        if b.len() != Self::SIZE {
+            return None;
+        }
+        Some(NodeRecord {
+            external: u64::from_le_bytes(b[..8].try_into().ok()?),
+            level: b[8],
+            flags: b[9],
+        })
+    }
+}
+
+/// Stored size of a link list with room for `capacity` neighbours: a u16
+/// count, then `capacity` u32 slots. Fixed so that rewriting a list never
+/// changes its size and never splits a page.
+pub(crate) fn links_bytes(capacity: usize) -> usize {
+    2 + 4 * capacity
+}
+
+/// Largest value LMDB keeps inside a 4 KiB leaf page with a 4-byte key;
+/// anything larger goes to overflow pages of its own.
+const MAX_INLINE_VALUE: usize = 2026;
+
+/// Bottom-layer lists are stored in blocks of this many consecutive ids,
+/// one LMDB value per block, sized to stay inside a leaf page. A builder or
+/// a search then needs one B-tree lookup per block instead of one per node.
+/// Fixed by M0 alone, so it is part of the on-disk format.
+pub(crate) fn links0_block_nodes(m0: usize) -> usize {
+    (MAX_INLINE_VALUE / links_bytes(m0)).max(1)
+}
+
+/// Most vectors a leaf page can hold, rounded up: the ids this close to the
+/// newest one may share the newest (still changing) leaf page.
+pub(crate) fn vectors_per_leaf(vector_bytes: usize) -> usize {
+    // A leaf node is an 8-byte header, the key and the value, plus a 2-byte
+    // slot in the page's index.
+    if vector_bytes > MAX_INLINE_VALUE { 1 } else { 4096usize.div_ceil(vector_bytes + 8 + 4 + 2) }
+}
+
+/// Encodes `ids` into a fixed-size list of `capacity` slots.
+pub(crate) fn encode_links(ids: &[u32], capacity: usize, out: &mut Vec<u8>) {
+    out.clear();
+    out.resize(links_bytes(capacity), 0);
+    write_links(ids, out);
+}
+
+/// Writes `ids` into `slot`, a list's fixed-size place in a block.
+pub(crate) fn write_links(ids: &[u32], slot: &mut [u8]) {
+    debug_assert!(slot.len() >= links_bytes(ids.len()));
+    slot.fill(0);
+    slot[..2].copy_from_slice(&(ids.len() as u16).to_le_bytes());
+    for (i, id) in ids.iter().enumerate() {
+        slot[2 + 4 * i..6 + 4 * i].copy_from_slice(&id.to_le_bytes());
+    }
+}
+
+/// Decodes a stored link list into `out`. Returns false if the bytes are
+/// not a link list (corruption).
+#[inline]
+pub(crate) fn decode_links(bytes: &[u8], out: &mut Vec<u32>) -> bool {
+    out.clear();
+    let Some(count) = bytes.get(..2) else { return false };
+    let count = usize::from(u16::from_le_bytes([count[0], count[1]]));
+    let Some(body) = bytes.get(2..2 + 4 * count) else { return false };
+    out.extend(body.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+    true
+}
+
+/// On-disk format version; bump on any layout change.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+
+/// Meta key of the parameters.
+pub(crate) const META_PARAMS: &[u8] = b"params";
+/// Meta key of the mutable state.
+pub(crate) const META_STATE: &[u8] = b"state";
+
+/// Encodes the parameters with the format version in front.
+pub(crate) fn encode_params(p: &IndexParams) -> Vec<u8> {
+    let mut b = Vec::with_capacity(28);
+    b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    b.extend_from_slice(&p.dim.to_le_bytes());
+    b.push(p.metric.code());
+    b.extend_from_slice(&p.m.to_le_bytes());
+    b.extend_from_slice(&p.m0.to_le_bytes());
+    b.extend_from_slice(&p.ef_construction.to_le_bytes());
+    b.extend_from_slice(&p.seed.to_le_bytes());
+    b
+}
+
+/// Why stored parameters could not be read.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ParamsDecodeError {
+    /// A format this build does not read.
+    Version(u32),
+    /// Bytes that are not parameters.
+    Malformed,
+}
+
+/// Decodes what [`encode_params`] wrote.
+pub(crate) fn decode_params(b: &[u8]) -> Result<IndexParams, ParamsDecodeError> {
+    let version = u32::from_le_bytes(b.get(..4).ok_or(ParamsDecodeError::Malformed)?.try_into().unwrap_or_default());
+    if version != FORMAT_VERSION {
+        return Err(ParamsDecodeError::Version(version));
+    }
+    if b.len() != 25 {
+        return Err(ParamsDecodeError::Malformed);
+    }
+    let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let mut seed = [0u8; 8];
+    seed.copy_from_slice(&b[17..25]);
+    Ok(IndexParams {
+        dim: u32_at(4),
+        metric: Metric::from_code(b[8]).ok_or(ParamsDecodeError::Malformed)?,
+        m: u16_at(9),
+        m0: u16_at(11),
+        ef_construction: u32_at(13),
+        seed: u64::from_le_bytes(seed),
+    })
+}
+
+/// The index's mutable state, rewritten by every commit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct State {
+    /// Next internal id to hand out; ids below it are all allocated.
+    pub(crate) next_id: u32,
+    /// Entry point of the graph and its level; `None` until the first insert.
+    pub(crate) entry: Option<(u32, u8)>,
+    /// Points a search can return.
+    pub(crate) live: u64,
+    /// Deleted or replaced nodes still kept in the graph for routing.
+    pub(crate) tombstones: u64,
+}
+
+impl State {
+    const SIZE: usize = 4 + 1 + 4 + 1 + 8 + 8;
+
+    pub(crate) fn encode(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[..4].copy_from_slice(&self.next_id.to_le_bytes());
+        if let Some((id, level)) = self.entry {
+            b[4] = 1;
+            b[5..9].copy_from_slice(&id.to_le_bytes());
+            b[9] = level;
+        }
+        b[10..18].copy_from_slice(&self.live.to_le_bytes());
+        b[18..26].copy_from_slice(&self.tombstones.to_le_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Option<State> {
+        if b.len() != Self::SIZE {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(a)
+        };
+        let entry = match b[4] {
+            0 => None,
+            1 => Some((u32_at(5), b[9])),
+            _ => return None,
+        };
+        Some(State { next_id: u32_at(0), entry, live: u64_at(10), tombstones: u64_at(18) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn node_records_round_trip(external: u64, level: u8, flags: u8) {
+            let r = NodeRecord { external, level, flags };
+            prop_assert_eq!(r.encode().len(), NodeRecord::SIZE);
+            prop_assert_eq!(NodeRecord::decode(&r.encode()), Some(r));
+        }
+
+        #[test]
+        fn links_round_trip(ids in proptest::collection::vec(any::<u32>(), 0..=32)) {
+            let mut bytes = Vec::new();
+            encode_links(&ids, 32, &mut bytes);
+            prop_assert_eq!(bytes.len(), links_bytes(32));
+            let mut out = Vec::new();
+            prop_assert!(decode_links(&bytes, &mut out));
+            prop_assert_eq!(out, ids);
+        }
+
+        #[test]
+        fn state_round_trips(next_id: u32, entry: Option<(u32, u8)>, live: u64, tombstones: u64) {
+            let s = State { next_id, entry, live, tombstones };
+            prop_assert_eq!(State::decode(&s.encode()), Some(s));
+        }
+
+        #[test]
+        fn params_round_trip(dim in 1u32..65536, m in 2u16..256, efc in 1u32..4096, seed: u64, metric in 0usize..3) {
+            let p = IndexParams { dim, metric: Metric::ALL[metric], m, m0: m * 2, ef_construction: efc, seed };
+            prop_assert_eq!(decode_params(&encode_params(&p)), Ok(p));
+        }
+
+        #[test]
+        fn keys_sort_numerically(a: u32, b: u32, la: u8, lb: u8) {
+            prop_assert_eq!(id_key(a).cmp(&id_key(b)), a.cmp(&b));
+            prop_assert_eq!(upper_key(la, a).cmp(&upper_key(lb, b)), (la, a).cmp(&(lb, b)));
+            prop_assert_eq!(external_key(u64::from(a)).cmp(&external_key(u64::from(b))), a.cmp(&b));
+            prop_assert_eq!(decode_id_key(&id_key(a)), Some(a));
+        }
+    }
+
+    #[test]
+    fn blocks_fit_a_leaf_page() {
+        for m0 in [4usize, 8, 16, 32, 64, 128, 512] {
+            let k = links0_block_nodes(m0);
+            assert!(k >= 1);
+            assert!(k == 1 || k * links_bytes(m0) <= MAX_INLINE_VALUE, "m0={m0}");
+        }
+        assert_eq!(links0_block_nodes(32), 15);
+        assert_eq!(vectors_per_leaf(1536), 3);
+    }
+
+    #[test]
+    fn truncated_links_are_rejected() {
+        let mut bytes = Vec::new();
+        encode_links(&[1, 2, 3], 4, &mut bytes);
+        let mut out = Vec::new();
+        assert!(!decode_links(&bytes[..7], &mut out));
+        assert!(!decode_links(&[], &mut out));
+    }
+
+    #[test]
+    fn other_format_versions_are_named() {
+        let mut b = encode_params(&IndexParams::new(4, Metric::Cosine));
+        b[..4].copy_from_slice(&99u32.to_le_bytes());
+        assert_eq!(decode_params(&b), Err(ParamsDecodeError::Version(99)));
+        assert_eq!(decode_params(&[1, 0]), Err(ParamsDecodeError::Malformed));
+    }
+}

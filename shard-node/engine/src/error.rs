@@ -1,0 +1,193 @@
+//! Errors, grouped by what the caller can do about them.
+
+use std::path::PathBuf;
+
+use crate::metric::VectorError;
+
+/// Result type of the engine.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why an operation on an index failed. In every case the index is left
+/// exactly as it was before the call.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The request itself is wrong; retrying it unchanged fails again.
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+
+    /// The index on disk was created with other parameters than requested.
+    #[error("index at {path} has {found}, but {requested} was requested")]
+    ParamsMismatch {
+        /// Directory of the environment.
+        path: PathBuf,
+        /// Parameters stored in the index.
+        found: String,
+        /// Parameters the caller asked for.
+        requested: String,
+    },
+
+    /// The directory holds no index and the caller asked to open, not create.
+    #[error("no index at {path}")]
+    NotFound {
+        /// Directory that was searched.
+        path: PathBuf,
+    },
+
+    /// The on-disk format is one this build cannot read.
+    #[error("index at {path} has format version {found}; this build reads version {supported}")]
+    UnsupportedFormat {
+        /// Directory of the environment.
+        path: PathBuf,
+        /// Version found on disk.
+        found: u32,
+        /// Version this build reads and writes.
+        supported: u32,
+    },
+
+    /// The memory map reached its configured ceiling.
+    #[error(
+        "index at {path} is full: it reached the map size limit of {limit} bytes; \
+         raise `max_map_size` (engine option `IndexOptions::max_map_size`, \
+         shard-node setting `engine.max_map_size`) and retry"
+    )]
+    MapSizeLimit {
+        /// Directory of the environment.
+        path: PathBuf,
+        /// The ceiling in bytes.
+        limit: u64,
+    },
+
+    /// The device is full; the batch was not committed.
+    #[error("no space left on the device holding {path}; the batch was not applied")]
+    DiskFull {
+        /// Directory of the environment.
+        path: PathBuf,
+    },
+
+    /// The index holds data that contradicts itself.
+    #[error("index at {path} is corrupt: {detail}")]
+    Corrupt {
+        /// Directory of the environment.
+        path: PathBuf,
+        /// What was found.
+        detail: String,
+    },
+
+    /// Internal ids are 32-bit; the shard holds as many points as it can.
+    #[error("shard is out of internal ids ({used} used of {max}); split it into more shards")]
+    IdSpaceExhausted {
+        /// Ids handed out so far, tombstones included.
+        used: u64,
+        /// The maximum.
+        max: u64,
+    },
+
+    /// LMDB failed in a way not covered above.
+    #[error("storage error in {path}: {source}")]
+    Storage {
+        /// Directory of the environment.
+        path: PathBuf,
+        /// The error from heed/LMDB.
+        #[source]
+        source: heed::Error,
+    },
+
+    /// A file-system call failed.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// True when the caller sent something wrong (as opposed to the index
+    /// or the machine failing).
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, Error::Invalid(_))
+    }
+}
+
+/// Where in a request a bad vector was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// The n-th operation of a batch (0-based).
+    Op(usize),
+    /// The query vector of a search.
+    Query,
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Op(i) => write!(f, "operation {i}"),
+            Location::Query => f.write_str("query"),
+        }
+    }
+}
+
+/// A request the index refuses, and exactly why.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidInput {
+    /// The batch carries no operation.
+    #[error("batch is empty: it has no upserts and no deletes")]
+    EmptyBatch,
+    /// A vector is malformed.
+    #[error("{at}: {error}")]
+    Vector {
+        /// Where the vector was.
+        at: Location,
+        /// What is wrong with it.
+        error: VectorError,
+    },
+    /// A delete names an id the index does not hold.
+    #[error("operation {op}: cannot delete id {id}: no such point")]
+    UnknownId {
+        /// Position of the delete in its batch.
+        op: usize,
+        /// The external id.
+        id: u64,
+    },
+    /// A payload is larger than the index accepts.
+    #[error("operation {op}: payload of {len} bytes exceeds the limit of {max} bytes")]
+    PayloadTooLarge {
+        /// Position of the upsert.
+        op: usize,
+        /// Payload length.
+        len: usize,
+        /// The limit (`IndexOptions::max_payload_bytes`).
+        max: usize,
+    },
+    /// A source name is empty or too long to be an LMDB key.
+    #[error("source name must be 1 to {max} bytes of UTF-8, got {len} bytes")]
+    BadSourceName {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A search asked for zero results or an absurd number.
+    #[error("k must be between 1 and {max}, got {k}")]
+    BadK {
+        /// Requested k.
+        k: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A search `ef` outside the accepted range.
+    #[error("ef must be between 1 and {max}, got {ef}")]
+    BadEf {
+        /// Requested ef.
+        ef: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Index parameters that cannot build a sensible graph.
+    #[error("invalid index parameters: {0}")]
+    BadParams(String),
+}

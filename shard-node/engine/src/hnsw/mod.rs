@@ -1,0 +1,10 @@
+//! The HNSW algorithms, written against the [`crate::view::Graph`] trait so
+//! the same code runs on committed snapshots and on a batch being built.
+
+mod level;
+mod search;
+mod select;
+
+pub(crate) use level::level_for;
+pub(crate) use search::{Scored, Scratch, greedy_closest, search_layer};
+pub(crate) use select::select_neighbours;

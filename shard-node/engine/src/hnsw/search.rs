@@ -1,0 +1,193 @@
+//! Searching one layer of the graph.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
+use crate::cache::Visited;
+use crate::error::Result;
+use crate::metric::Metric;
+use crate::view::Graph;
+
+/// A node and its distance to the current query.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scored {
+    pub(crate) dist: f32,
+    pub(crate) id: u32,
+}
+
+impl PartialEq for Scored {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Scored {}
+impl PartialOrd for Scored {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scored {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.dist.total_cmp(&other.dist).then(self.id.cmp(&other.id))
+    }
+}
+
+/// Buffers one thread reuses across searches, so a search allocates nothing.
+pub(crate) struct Scratch {
+    pub(crate) visited: Visited,
+    candidates: BinaryHeap<Reverse<Scored>>,
+    results: BinaryHeap<Scored>,
+    links: Vec<u32>,
+    /// Unvisited neighbours of the node being expanded, with their vectors.
+    fresh: Fresh,
+}
+
+/// Pointers that are only meaningful during one `search_layer` call; the
+/// buffer is kept for its capacity and cleared before every use.
+struct Fresh(Vec<(u32, *const f32)>);
+
+// SAFETY: the pointers are never read outside the call that wrote them, so
+// moving the (stale) buffer to another thread is harmless.
+unsafe impl Send for Fresh {}
+
+impl Scratch {
+    pub(crate) fn new() -> Self {
+        Scratch {
+            visited: Visited::new(),
+            candidates: BinaryHeap::new(),
+            results: BinaryHeap::new(),
+            links: Vec::with_capacity(64),
+            fresh: Fresh(Vec::with_capacity(64)),
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.visited.bytes()
+    }
+}
+
+/// Greedy descent on an upper layer: move to the closest neighbour until no
+/// neighbour is closer (ef = 1).
+pub(crate) fn greedy_closest<'g, G: Graph<'g>>(
+    graph: &mut G,
+    scratch: &mut Scratch,
+    metric: Metric,
+    query: &[f32],
+    mut best: Scored,
+    level: u8,
+) -> Result<Scored> {
+    loop {
+        let mut moved = false;
+        graph.links(best.id, level, &mut scratch.links)?;
+        for i in 0..scratch.links.len() {
+            let n = scratch.links[i];
+            let d = metric.distance(query, graph.vector(n)?);
+            if d < best.dist {
+                best = Scored { dist: d, id: n };
+                moved = true;
+            }
+        }
+        if !moved {
+            return Ok(best);
+        }
+    }
+}
+
+/// Best-first search of one layer from `entry` with a candidate list of
+/// length `ef` (the paper's algorithm 2). Tombstones are traversed, since
+/// they still route, but never returned. Results go to `out`, closest
+/// first, at most `ef` of them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn search_layer<'g, G: Graph<'g>>(
+    graph: &mut G,
+    scratch: &mut Scratch,
+    metric: Metric,
+    query: &[f32],
+    entry: &[Scored],
+    ef: usize,
+    level: u8,
+    skip_tombstones: bool,
+    out: &mut Vec<Scored>,
+) -> Result<()> {
+    let Scratch { visited, candidates, results, links, fresh: Fresh(fresh) } = scratch;
+    visited.reset();
+    candidates.clear();
+    results.clear();
+    for &e in entry {
+        if !visited.insert(e.id) {
+            continue;
+        }
+        candidates.push(Reverse(e));
+        if !(skip_tombstones && graph.is_tombstone(e.id)?) {
+            results.push(e);
+        }
+    }
+    while results.len() > ef {
+        results.pop();
+    }
+    let mut bound = if results.len() >= ef { results.peek().map_or(f32::INFINITY, |r| r.dist) } else { f32::INFINITY };
+    let dim = query.len();
+
+    while let Some(Reverse(c)) = candidates.pop() {
+        if c.dist > bound && results.len() >= ef {
+            break;
+        }
+        graph.links(c.id, level, links)?;
+        // Resolve every unvisited neighbour's vector first and start pulling
+        // it towards the CPU: the distance loop below is bound by memory
+        // latency, not arithmetic, so the loads must be in flight early.
+        fresh.clear();
+        for &n in links.iter() {
+            if visited.insert(n) {
+                let v = graph.vector(n)?;
+                prefetch(v.as_ptr().cast(), 2 * 64);
+                fresh.push((n, v.as_ptr()));
+            }
+        }
+        for i in 0..fresh.len() {
+            if let Some(&(_, next)) = fresh.get(i + 1) {
+                prefetch(next.cast(), dim * 4);
+            }
+            let (n, v) = fresh[i];
+            // SAFETY: `v` came from `graph.vector` in this call and points at
+            // `dim` floats that live as long as the graph's transaction.
+            let v = unsafe { std::slice::from_raw_parts(v, dim) };
+            let d = metric.distance(query, v);
+            if results.len() < ef || d < bound {
+                candidates.push(Reverse(Scored { dist: d, id: n }));
+                if !(skip_tombstones && graph.is_tombstone(n)?) {
+                    results.push(Scored { dist: d, id: n });
+                    if results.len() > ef {
+                        results.pop();
+                    }
+                }
+                if results.len() >= ef {
+                    bound = results.peek().map_or(f32::INFINITY, |r| r.dist);
+                }
+            }
+        }
+    }
+    out.clear();
+    out.extend(results.drain());
+    out.sort_unstable();
+    Ok(())
+}
+
+/// Asks the CPU to start loading `bytes` bytes at `p` into its caches.
+#[inline(always)]
+fn prefetch(p: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: prefetch is a hint; it never faults, even on an
+            // invalid address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast()) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, bytes);
+}
+

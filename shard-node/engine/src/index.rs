@@ -1,0 +1,710 @@
+//! The index of one shard: open, write batches, search.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use heed::{PutFlags, RwTxn};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+
+use crate::batch::{Batch, BatchOutcome};
+use crate::build::{BuildCtx, Overlay, WorkQueue};
+use crate::cache::SharedTable;
+use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, State};
+use crate::error::{Error, InvalidInput, Result};
+use crate::hnsw::level_for;
+use crate::params::IndexParams;
+use crate::plan::{self, Plan};
+use crate::session::{self, Hit, SearchParams, Session, StoredPoint};
+use crate::store::{self, Store, StoreOptions};
+use crate::view::FrozenVectors;
+
+/// How an index is opened; none of these change what is stored.
+#[derive(Clone, Debug)]
+pub struct IndexOptions {
+    /// Threads that link a batch into the graph, the calling thread
+    /// included. Default: the machine's available parallelism.
+    pub build_threads: usize,
+    /// Share a rayon pool between indexes instead of each making its own;
+    /// the calling thread works beside the pool's threads.
+    pub pool: Option<Arc<rayon::ThreadPool>>,
+    /// Per-thread budget for memoised page pointers (builders and search
+    /// sessions). Past it a cache starts over; it is never a correctness
+    /// matter. Default 64 MiB.
+    pub cache_budget_bytes: usize,
+    /// Memory map size to start with. Default 256 MiB.
+    pub initial_map_size: u64,
+    /// Ceiling the map grows to on demand; past it writes fail with
+    /// [`Error::MapSizeLimit`]. Default 1 TiB (address space, not disk).
+    pub max_map_size: u64,
+    /// Flush every commit to disk before acknowledging it. Default true.
+    pub durable: bool,
+    /// Let the kernel read ahead around page faults. Default false: graph
+    /// searches read scattered pages, and readahead fills the page cache with
+    /// pages nobody asked for (see `docs/engine.md`).
+    pub read_ahead: bool,
+    /// Largest payload accepted per point. Default 64 KiB.
+    pub max_payload_bytes: usize,
+    /// LMDB reader slots (search sessions plus build threads). Default 512.
+    pub max_readers: u32,
+    /// Idle search sessions kept for reuse. Default 64.
+    pub max_idle_sessions: usize,
+    /// Budget for the vector addresses all threads share across commits
+    /// (8 bytes per vector). Default 256 MiB, enough for 32M vectors.
+    pub shared_cache_bytes: usize,
+}
+
+impl Default for IndexOptions {
+    fn default() -> Self {
+        IndexOptions {
+            build_threads: std::thread::available_parallelism().map_or(1, usize::from),
+            pool: None,
+            cache_budget_bytes: 64 << 20,
+            initial_map_size: 256 << 20,
+            max_map_size: 1 << 40,
+            durable: true,
+            read_ahead: false,
+            max_payload_bytes: 64 << 10,
+            max_readers: 512,
+            max_idle_sessions: 64,
+            shared_cache_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Counters and sizes of an index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Creation parameters.
+    pub params: IndexParams,
+    /// Points a search can return.
+    pub live: u64,
+    /// Retired nodes kept for routing.
+    pub tombstones: u64,
+    /// Top layer of the graph (None while empty).
+    pub max_level: Option<u8>,
+    /// Size of the data file.
+    pub disk_bytes: u64,
+    /// Current memory map size.
+    pub map_size: u64,
+    /// Commits since the index was opened.
+    pub commits: u64,
+}
+
+/// One shard's vector index in its own LMDB environment.
+///
+/// Writes are serialised (LMDB has one writer per environment) and each
+/// [`Index::apply_group`] call is one atomic commit. Searches run from any
+/// number of threads on committed snapshots and never wait for writers.
+pub struct Index {
+    store: Store,
+    params: IndexParams,
+    opts: IndexOptions,
+    pool: Option<Arc<rayon::ThreadPool>>,
+    writer: Mutex<()>,
+    /// Held shared by every user of a transaction; taken exclusively to grow
+    /// the map, which LMDB allows only with no transaction open. It guards
+    /// the shared vector addresses, which the remap invalidates.
+    resize: RwLock<SharedTable>,
+    sessions: Mutex<Vec<Session>>,
+    generation: AtomicU64,
+}
+
+/// What [`Index::open`] does when the directory holds no index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Missing {
+    Create(IndexParams),
+    Fail,
+}
+
+impl Index {
+    /// Opens the index in `path`, creating it with `params` if there is
+    /// none. An existing index must have been created with the same params.
+    pub fn open_or_create(path: impl AsRef<Path>, params: IndexParams, opts: IndexOptions) -> Result<Index> {
+        params.validate()?;
+        Self::open_with(path.as_ref(), Missing::Create(params), opts)
+    }
+
+    /// Opens an existing index.
+    pub fn open(path: impl AsRef<Path>, opts: IndexOptions) -> Result<Index> {
+        Self::open_with(path.as_ref(), Missing::Fail, opts)
+    }
+
+    fn open_with(path: &Path, missing: Missing, opts: IndexOptions) -> Result<Index> {
+        if missing == Missing::Fail && !path.join("data.mdb").exists() {
+            return Err(Error::NotFound { path: path.to_owned() });
+        }
+        let store = Store::open(
+            path,
+            &StoreOptions {
+                initial_map_size: opts.initial_map_size,
+                max_map_size: opts.max_map_size,
+                max_readers: opts.max_readers,
+                durable: opts.durable,
+                read_ahead: opts.read_ahead,
+            },
+        )?;
+        let params = Self::load_or_init_params(&store, missing)?;
+        let pool = match (&opts.pool, opts.build_threads) {
+            (Some(pool), _) => Some(Arc::clone(pool)),
+            (None, 0 | 1) => None,
+            (None, n) => Some(Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n - 1)
+                    .thread_name(|i| format!("shoal-build-{i}"))
+                    .build()
+                    .map_err(|e| Error::Io { path: path.to_owned(), source: std::io::Error::other(e) })?,
+            )),
+        };
+        let shared = SharedTable::with_budget(opts.shared_cache_bytes);
+        Ok(Index {
+            store,
+            params,
+            opts,
+            pool,
+            writer: Mutex::new(()),
+            resize: RwLock::new(shared),
+            sessions: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+        })
+    }
+
+    fn load_or_init_params(store: &Store, missing: Missing) -> Result<IndexParams> {
+        let mut wtxn = store.env.write_txn().map_err(|e| store.err(e))?;
+        let stored = store.dbs.meta.get(&wtxn, codec::META_PARAMS).map_err(|e| store.err(e))?.map(<[u8]>::to_vec);
+        match (stored, missing) {
+            (Some(bytes), _) => {
+                let found = codec::decode_params(&bytes).map_err(|e| match e {
+                    codec::ParamsDecodeError::Version(found) => Error::UnsupportedFormat {
+                        path: store.path.clone(),
+                        found,
+                        supported: codec::FORMAT_VERSION,
+                    },
+                    codec::ParamsDecodeError::Malformed => {
+                        Error::Corrupt { path: store.path.clone(), detail: "index parameters are malformed".into() }
+                    }
+                })?;
+                if let Missing::Create(requested) = missing
+                    && requested != found
+                {
+                    return Err(Error::ParamsMismatch {
+                        path: store.path.clone(),
+                        found: found.to_string(),
+                        requested: requested.to_string(),
+                    });
+                }
+                wtxn.abort();
+                Ok(found)
+            }
+            (None, Missing::Create(params)) => {
+                store.dbs.meta.put(&mut wtxn, codec::META_PARAMS, &codec::encode_params(&params)).map_err(|e| store.err(e))?;
+                store.dbs.meta.put(&mut wtxn, codec::META_STATE, &State::default().encode()).map_err(|e| store.err(e))?;
+                wtxn.commit().map_err(|e| store.err(e))?;
+                Ok(params)
+            }
+            (None, Missing::Fail) => Err(Error::NotFound { path: store.path.clone() }),
+        }
+    }
+
+    /// The parameters the index was created with.
+    pub fn params(&self) -> &IndexParams {
+        &self.params
+    }
+
+    /// Directory of the environment.
+    pub fn path(&self) -> &Path {
+        &self.store.path
+    }
+
+    /// Applies one batch atomically. Invalid input is an
+    /// [`Error::Invalid`] and changes nothing.
+    pub fn apply(&self, batch: Batch) -> Result<BatchOutcome> {
+        let mut outcomes = self.apply_group(vec![batch])?;
+        match outcomes.pop() {
+            Some(Ok(outcome)) => Ok(outcome),
+            Some(Err(invalid)) => Err(Error::Invalid(invalid)),
+            None => Err(Error::Invalid(InvalidInput::EmptyBatch)),
+        }
+    }
+
+    /// Applies several batches in one write transaction (group commit). Each
+    /// batch is accepted or rejected whole; the accepted ones commit
+    /// together. The outer error means nothing was committed.
+    pub fn apply_group(&self, mut batches: Vec<Batch>) -> Result<Vec<Result<BatchOutcome, InvalidInput>>> {
+        let checked: Vec<Result<(), InvalidInput>> = batches
+            .iter_mut()
+            .map(|b| plan::prepare(b, &self.params, self.opts.max_payload_bytes))
+            .collect();
+        let _writer = self.writer.lock();
+        loop {
+            let attempt = {
+                let shared = self.resize.read();
+                self.write_once(&batches, &checked, &shared)
+            };
+            match attempt {
+                Ok(outcomes) => return Ok(outcomes),
+                Err(Attempt::MapFull) => self.grow_map()?,
+                Err(Attempt::Failed(e)) => return Err(e),
+            }
+        }
+    }
+
+    fn write_once(
+        &self,
+        batches: &[Batch],
+        checked: &[Result<(), InvalidInput>],
+        shared: &SharedTable,
+    ) -> Result<Vec<Result<BatchOutcome, InvalidInput>>, Attempt> {
+        let store = &self.store;
+        let mut wtxn = store.env.write_txn().map_err(|e| attempt(store, e))?;
+        let state = session::read_state(store, &wtxn)?;
+        let plan = plan::resolve(
+            batches,
+            checked,
+            |id| session::lookup_external(store, &wtxn, id),
+            |source| session::read_offset(store, &wtxn, source),
+        )?;
+        if plan.is_empty() {
+            wtxn.abort();
+            return Ok(plan.outcomes);
+        }
+        let next = u64::from(state.next_id) + plan.inserts.len() as u64;
+        if next > u64::from(u32::MAX) {
+            return Err(Attempt::Failed(Error::IdSpaceExhausted { used: u64::from(state.next_id), max: u64::from(u32::MAX) }));
+        }
+        let levels = self.write_points(&mut wtxn, &plan, state.next_id)?;
+        let entry = self.link(&mut wtxn, &plan, &state, levels, shared)?;
+        let new_state = State {
+            next_id: next as u32,
+            entry,
+            live: state.live - plan.tombstones.len() as u64 + plan.inserts.len() as u64,
+            tombstones: state.tombstones + plan.tombstones.len() as u64,
+        };
+        let put = |w: &mut RwTxn<'_>, db: store::Db, k: &[u8], v: &[u8]| db.put(w, k, v).map_err(|e| attempt(store, e));
+        put(&mut wtxn, store.dbs.meta, codec::META_STATE, &new_state.encode())?;
+        for &(source, offset) in &plan.offsets {
+            put(&mut wtxn, store.dbs.offsets, source.as_bytes(), &offset.to_be_bytes())?;
+        }
+        wtxn.commit().map_err(|e| attempt(store, e))?;
+        self.generation.fetch_add(1, Ordering::Release);
+        // Idle sessions pin the previous snapshot's pages; let them go.
+        self.sessions.lock().clear();
+        Ok(plan.outcomes)
+    }
+
+    /// Retires replaced and deleted nodes and writes the new points' vectors,
+    /// records, payloads and ids. Returns the new points' levels.
+    fn write_points(&self, wtxn: &mut RwTxn<'_>, plan: &Plan<'_>, first_new: u32) -> Result<Vec<u8>, Attempt> {
+        let store = &self.store;
+        let dbs = &store.dbs;
+        let err = |e| attempt(store, e);
+        for &dead in &plan.tombstones {
+            let mut record = session::read_node(store, wtxn, dead)?;
+            record.flags |= NODE_TOMBSTONE;
+            dbs.nodes.put(wtxn, &codec::id_key(dead), &record.encode()).map_err(err)?;
+            dbs.payloads.delete(wtxn, &codec::id_key(dead)).map_err(err)?;
+        }
+        for &external in &plan.removed {
+            dbs.external.delete(wtxn, &codec::external_key(external)).map_err(err)?;
+        }
+        let scale = self.params.level_scale();
+        let mut levels = Vec::with_capacity(plan.inserts.len());
+        let mut ids: Vec<(u64, u32)> = Vec::with_capacity(plan.inserts.len());
+        for (i, p) in plan.inserts.iter().enumerate() {
+            let id = first_new + i as u32;
+            let key = codec::id_key(id);
+            let level = level_for(self.params.seed, id, scale);
+            levels.push(level);
+            // Ids only grow, so every new key is the largest: APPEND fills
+            // pages completely instead of splitting them in half.
+            dbs.vectors.put_with_flags(wtxn, PutFlags::APPEND, &key, vector_bytes(p.vector)).map_err(err)?;
+            let record = NodeRecord { external: p.external, level, flags: 0 };
+            dbs.nodes.put_with_flags(wtxn, PutFlags::APPEND, &key, &record.encode()).map_err(err)?;
+            if let Some(payload) = p.payload {
+                dbs.payloads.put_with_flags(wtxn, PutFlags::APPEND, &key, payload).map_err(err)?;
+            }
+            ids.push((p.external, id));
+        }
+        // External ids are the user's and may be random: writing them in key
+        // order at least keeps each touched page touched once.
+        ids.sort_unstable();
+        for (external, id) in ids {
+            dbs.external.put(wtxn, &codec::external_key(external), &codec::id_key(id)).map_err(err)?;
+        }
+        Ok(levels)
+    }
+
+    /// Repairs around retired nodes and links the new ones, in parallel on
+    /// nested read transactions; then writes every changed link list.
+    /// Returns the new entry point.
+    fn link(
+        &self,
+        wtxn: &mut RwTxn<'_>,
+        plan: &Plan<'_>,
+        state: &State,
+        levels: Vec<u8>,
+        shared: &SharedTable,
+    ) -> Result<Option<(u32, u8)>, Attempt> {
+        let first_new = state.next_id;
+        let mut entry = state.entry;
+        // Nodes whose level is above every level before them become the entry
+        // point in turn; they are linked one by one first (there are only
+        // O(log n) of them), so that the parallel phase has a fixed entry.
+        // A retired entry point still routes, but the first new node that
+        // reaches its level takes over, so searches start on a live node.
+        let mut entry_retired = match entry {
+            Some((id, _)) => session::read_node(&self.store, wtxn, id)?.is_tombstone(),
+            None => false,
+        };
+        let mut promoters = Vec::new();
+        let mut top = entry.map(|e| e.1);
+        for (i, &l) in levels.iter().enumerate() {
+            if top.is_none_or(|t| l > t || (entry_retired && l == t)) {
+                promoters.push(i as u32);
+                top = Some(l);
+                entry_retired = false;
+            }
+        }
+        let overlay = Overlay::new(first_new, levels);
+        let ctx = BuildCtx {
+            store: &self.store,
+            params: &self.params,
+            overlay: &overlay,
+            has_tombstones: state.tombstones > 0 || !plan.tombstones.is_empty(),
+            cache_budget: self.opts.cache_budget_bytes,
+            frozen: FrozenVectors::new(shared, first_new, self.params.vector_bytes()),
+        };
+        let pool = self.pool.as_deref();
+        if !plan.tombstones.is_empty() {
+            let queue = WorkQueue::new(plan.tombstones.len());
+            ctx.run(wtxn, pool, |view, w| match queue.pop() {
+                Some(i) => ctx.repair(view, w, plan.tombstones[i]).map(|()| true),
+                None => Ok(false),
+            })?;
+        }
+        if !promoters.is_empty() {
+            let shared_entry = Mutex::new(entry);
+            ctx.run(wtxn, None, |view, w| {
+                for &p in &promoters {
+                    let id = first_new + p;
+                    let level = overlay.level_of_new(id);
+                    let current = *shared_entry.lock();
+                    if let Some(e) = current {
+                        ctx.insert(view, w, id, e)?;
+                    }
+                    *shared_entry.lock() = Some((id, level));
+                }
+                Ok(false)
+            })?;
+            entry = shared_entry.into_inner();
+        }
+        if let Some(e) = entry {
+            let rest: Vec<u32> = (0..overlay_len(plan)).filter(|i| promoters.binary_search(i).is_err()).collect();
+            let queue = WorkQueue::new(rest.len());
+            ctx.run(wtxn, pool, |view, w| match queue.pop() {
+                Some(i) => ctx.insert(view, w, first_new + rest[i], e).map(|()| true),
+                None => Ok(false),
+            })?;
+        }
+        let changes = overlay.into_changes();
+        self.write_links(wtxn, changes, first_new)?;
+        Ok(entry)
+    }
+
+    /// Writes every changed link list: upper layers one value per node,
+    /// the bottom layer as whole blocks (read, patched, rewritten).
+    fn write_links(&self, wtxn: &mut RwTxn<'_>, changes: crate::build::LinkChanges, first_new: u32) -> Result<(), Attempt> {
+        let dbs = &self.store.dbs;
+        let err = |e| attempt(&self.store, e);
+        let mut bottom: Vec<(u32, &[u32])> = Vec::with_capacity(changes.new.len() + changes.touched.len());
+        let mut buf = Vec::new();
+        for ((l, id), list) in &changes.touched {
+            if *l == 0 {
+                bottom.push((*id, list));
+            } else {
+                codec::encode_links(list, self.params.max_links(*l), &mut buf);
+                dbs.links_up.put(wtxn, &codec::upper_key(*l, *id), &buf).map_err(err)?;
+            }
+        }
+        for (i, lists) in changes.new.iter().enumerate() {
+            let id = changes.first_new + i as u32;
+            bottom.push((id, &lists[0]));
+            for (l, list) in lists.iter().enumerate().skip(1) {
+                codec::encode_links(list, self.params.max_links(l as u8), &mut buf);
+                dbs.links_up.put(wtxn, &codec::upper_key(l as u8, id), &buf).map_err(err)?;
+            }
+        }
+        bottom.sort_unstable_by_key(|(id, _)| *id);
+        let per_block = codec::links0_block_nodes(self.params.max_links(0)) as u32;
+        let list_len = codec::links_bytes(self.params.max_links(0));
+        // Blocks that held no node before this batch do not exist yet.
+        let first_unwritten_block = first_new.div_ceil(per_block);
+        let mut i = 0;
+        while i < bottom.len() {
+            let block = bottom[i].0 / per_block;
+            let key = codec::id_key(block);
+            buf.clear();
+            match dbs.links0.get(wtxn, &key).map_err(err)? {
+                Some(old) if block < first_unwritten_block => buf.extend_from_slice(old),
+                Some(_) | None => buf.resize(list_len * per_block as usize, 0),
+            }
+            while i < bottom.len() && bottom[i].0 / per_block == block {
+                let (id, list) = bottom[i];
+                let at = (id % per_block) as usize * list_len;
+                codec::write_links(list, &mut buf[at..at + list_len]);
+                i += 1;
+            }
+            if block < first_unwritten_block {
+                dbs.links0.put(wtxn, &key, &buf).map_err(err)?;
+            } else {
+                dbs.links0.put_with_flags(wtxn, PutFlags::APPEND, &key, &buf).map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn grow_map(&self) -> Result<()> {
+        let new_size = self.store.next_map_size()?;
+        // LMDB may only remap with no transaction open in the process: wait
+        // for searches to finish. A snapshot held for long blocks this.
+        let Some(mut exclusive) = self.resize.try_write_for(Duration::from_secs(30)) else {
+            return Err(Error::Storage {
+                path: self.store.path.clone(),
+                source: heed::Error::Mdb(heed::MdbError::MapFull),
+            });
+        };
+        self.sessions.lock().clear();
+        // The remap may move the map: every shared vector address goes stale.
+        exclusive.clear();
+        // SAFETY: the writer lock is held and its transaction was dropped; the
+        // exclusive resize lock guarantees no session or snapshot of this
+        // index has a read transaction open.
+        unsafe { self.store.env.resize(new_size as usize) }.map_err(|e| self.store.err(e))
+    }
+
+    /// The `k` nearest live points to `query`.
+    pub fn search(&self, query: &[f32], params: SearchParams) -> Result<Vec<Hit>> {
+        params.validate()?;
+        let query = session::prepare_query(&self.params, query)?;
+        let shared = self.resize.read();
+        let mut s = self.take_session()?;
+        let result = s.search(&self.store, &shared, &self.params, &query, params);
+        self.return_session(s);
+        result
+    }
+
+    /// The live point with external id `id`.
+    pub fn get(&self, id: u64) -> Result<Option<StoredPoint>> {
+        let shared = self.resize.read();
+        let mut s = self.take_session()?;
+        let result = s.get(&self.store, &shared, &self.params, id);
+        self.return_session(s);
+        result
+    }
+
+    /// The highest offset applied for `source`, if any: where an ingest job
+    /// resumes.
+    pub fn offset(&self, source: &str) -> Result<Option<u64>> {
+        self.snapshot()?.offset(source)
+    }
+
+    /// Every source's highest applied offset.
+    pub fn offsets(&self) -> Result<Vec<(String, u64)>> {
+        self.snapshot()?.offsets()
+    }
+
+    /// A consistent view of the last commit: everything read through it
+    /// sees the same state, whatever commits meanwhile. Hold it briefly: it
+    /// pins the pages of its commit and delays map growth.
+    pub fn snapshot(&self) -> Result<Snapshot<'_>> {
+        let guard = self.resize.read();
+        let generation = self.generation.load(Ordering::Acquire);
+        let session = Session::open(&self.store, generation, self.opts.cache_budget_bytes)?;
+        Ok(Snapshot { index: self, session, shared: guard })
+    }
+
+    /// Counters and sizes.
+    pub fn stats(&self) -> Result<IndexStats> {
+        let snap = self.snapshot()?;
+        let s = snap.session.state;
+        Ok(IndexStats {
+            params: self.params,
+            live: s.live,
+            tombstones: s.tombstones,
+            max_level: s.entry.map(|e| e.1),
+            disk_bytes: self.store.disk_bytes(),
+            map_size: self.store.map_size(),
+            commits: self.generation.load(Ordering::Acquire),
+        })
+    }
+
+    fn take_session(&self) -> Result<Session> {
+        let generation = self.generation.load(Ordering::Acquire);
+        while let Some(s) = self.sessions.lock().pop() {
+            if s.generation == generation {
+                return Ok(s);
+            }
+        }
+        Session::open(&self.store, generation, self.opts.cache_budget_bytes)
+    }
+
+    fn return_session(&self, s: Session) {
+        if s.generation == self.generation.load(Ordering::Acquire) {
+            let mut idle = self.sessions.lock();
+            if idle.len() < self.opts.max_idle_sessions {
+                idle.push(s);
+            }
+        }
+    }
+}
+
+/// A consistent read view of one commit (see [`Index::snapshot`]).
+pub struct Snapshot<'i> {
+    index: &'i Index,
+    session: Session,
+    shared: RwLockReadGuard<'i, SharedTable>,
+}
+
+impl Snapshot<'_> {
+    /// The `k` nearest live points, as of this snapshot.
+    pub fn search(&mut self, query: &[f32], params: SearchParams) -> Result<Vec<Hit>> {
+        params.validate()?;
+        let query = session::prepare_query(&self.index.params, query)?;
+        self.session.search(&self.index.store, &self.shared, &self.index.params, &query, params)
+    }
+
+    /// The live point with external id `id`, as of this snapshot.
+    pub fn get(&mut self, id: u64) -> Result<Option<StoredPoint>> {
+        self.session.get(&self.index.store, &self.shared, &self.index.params, id)
+    }
+
+    /// Live points.
+    pub fn len(&self) -> u64 {
+        self.session.state.live
+    }
+
+    /// True if no live point exists.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Highest applied offset of `source`.
+    pub fn offset(&self, source: &str) -> Result<Option<u64>> {
+        self.session.offset(&self.index.store, source)
+    }
+
+    /// Every source's highest applied offset.
+    pub fn offsets(&self) -> Result<Vec<(String, u64)>> {
+        self.session.offsets(&self.index.store)
+    }
+
+    /// Vectors that had to be copied because LMDB misaligned them. The
+    /// layout is designed so this stays zero; tests check it.
+    pub fn unaligned_vectors(&self) -> usize {
+        self.session.unaligned_vectors()
+    }
+
+    /// Bytes held by this snapshot's caches and the shared vector table.
+    pub fn cache_bytes(&self) -> usize {
+        self.session.cache_bytes() + self.shared.bytes()
+    }
+}
+
+/// Why one write attempt stopped.
+enum Attempt {
+    /// The map is full: grow it and replay the batches.
+    MapFull,
+    Failed(Error),
+}
+
+impl From<Error> for Attempt {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Storage { source, .. } if store::is_map_full(&source) => Attempt::MapFull,
+            other => Attempt::Failed(other),
+        }
+    }
+}
+
+fn attempt(store: &Store, e: heed::Error) -> Attempt {
+    if store::is_map_full(&e) { Attempt::MapFull } else { Attempt::Failed(store.err(e)) }
+}
+
+fn overlay_len(plan: &Plan<'_>) -> u32 {
+    plan.inserts.len() as u32
+}
+
+/// A vector's stored bytes: its f32s in little-endian order.
+fn vector_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the
+    // slice covers exactly the vector's memory. shoal targets little-endian
+    // platforms only (checked at compile time in lib.rs).
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<Index>();
+    let _ = PathBuf::new();
+}
+
+
+#[cfg(test)]
+mod tests {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::batch::{Op, Point};
+
+    /// The shared vector addresses must stay valid across commits: after
+    /// each one, every remembered address must be exactly where a fresh
+    /// B-tree lookup finds the vector, holding the same bytes.
+    #[test]
+    fn shared_vector_addresses_survive_commits() {
+        let seed: u64 = rand::random();
+        eprintln!("seed {seed}");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let dir = tempfile::tempdir().unwrap();
+        let opts = IndexOptions { build_threads: 2, durable: false, ..IndexOptions::default() };
+        for dim in [3u32, 96, 700] {
+            let index = Index::open_or_create(dir.path().join(dim.to_string()), IndexParams::new(dim, crate::Metric::Euclidean), opts.clone()).unwrap();
+            let mut next_external = 0u64;
+            for round in 0..12 {
+                let mut ops = Vec::new();
+                for _ in 0..rng.random_range(1..400) {
+                    let vector = (0..dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+                    ops.push(Op::Upsert(Point { id: next_external, vector, payload: None }));
+                    next_external += 1;
+                }
+                if round > 2 {
+                    for _ in 0..20 {
+                        let id = rng.random_range(0..next_external);
+                        ops.push(Op::Upsert(Point { id, vector: vec![0.5; dim as usize], payload: None }));
+                    }
+                }
+                index.apply(Batch { ops, source: None }).unwrap();
+                for _ in 0..5 {
+                    let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+                    index.search(&q, SearchParams::new(10, 40)).unwrap();
+                }
+                let shared = index.resize.read();
+                let txn = index.store.env.read_txn().unwrap();
+                let state = session::read_state(&index.store, &txn).unwrap();
+                let mut checked = 0;
+                for id in 0..state.next_id {
+                    let addr = shared.get(id);
+                    if addr == 0 {
+                        continue;
+                    }
+                    let fresh = index.store.dbs.vectors.get(&txn, &codec::id_key(id)).unwrap().unwrap();
+                    assert_eq!(addr, fresh.as_ptr() as usize, "dim {dim} round {round}: id {id} moved");
+                    checked += 1;
+                }
+                assert!(round < 3 || checked > 0, "nothing was shared");
+            }
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Read sessions: a read transaction plus the caches that make searching
+//! it fast, reused across searches until the next commit.
+
+use heed::{RoTxn, WithoutTls};
+
+use crate::codec::{self, NodeRecord, State};
+use crate::error::{Error, InvalidInput, Location, Result};
+use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer};
+use crate::params::IndexParams;
+use crate::store::Store;
+use crate::cache::SharedTable;
+use crate::view::{FrozenVectors, Graph, NodeCache, TxnView};
+
+/// One search result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hit {
+    /// The point's external id.
+    pub id: u64,
+    /// Distance to the query under the index's metric (smaller is closer;
+    /// for `dot` it is the negated inner product).
+    pub distance: f32,
+    /// The point's payload, when asked for and present.
+    pub payload: Option<Vec<u8>>,
+}
+
+/// A stored point, as `get` returns it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredPoint {
+    /// The external id.
+    pub id: u64,
+    /// The stored vector (unit length under the cosine metric).
+    pub vector: Vec<f32>,
+    /// The payload, if any.
+    pub payload: Option<Vec<u8>>,
+}
+
+/// How to search.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SearchParams {
+    /// Number of results.
+    pub k: usize,
+    /// Candidate list length; raised to `k` if smaller. Larger is slower
+    /// and finds more of the true neighbours.
+    pub ef: usize,
+    /// Return payloads with the hits.
+    pub with_payload: bool,
+}
+
+/// Largest accepted `k`.
+pub const MAX_K: usize = 10_000;
+/// Largest accepted `ef`.
+pub const MAX_EF: usize = 100_000;
+
+impl SearchParams {
+    /// `k` results with candidate list `ef`, no payloads.
+    pub fn new(k: usize, ef: usize) -> Self {
+        SearchParams { k, ef, with_payload: false }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), InvalidInput> {
+        if self.k == 0 || self.k > MAX_K {
+            return Err(InvalidInput::BadK { k: self.k, max: MAX_K });
+        }
+        if self.ef == 0 || self.ef > MAX_EF {
+            return Err(InvalidInput::BadEf { ef: self.ef, max: MAX_EF });
+        }
+        Ok(())
+    }
+}
+
+/// A read transaction with its pointer cache and search buffers.
+pub(crate) struct Session {
+    // Field order matters: the cache holds pointers into `txn`'s pages and
+    // must never outlive it. Both are dropped together; `cache` first.
+    cache: NodeCache,
+    scratch: Scratch,
+    found: Vec<Scored>,
+    pub(crate) state: State,
+    pub(crate) generation: u64,
+    txn: RoTxn<'static, WithoutTls>,
+}
+
+impl Session {
+    pub(crate) fn open(store: &Store, generation: u64, cache_budget: usize) -> Result<Session> {
+        let txn = store.env.clone().static_read_txn().map_err(|e| store.err(e))?;
+        let state = read_state(store, &txn)?;
+        Ok(Session {
+            cache: NodeCache::new(cache_budget),
+            scratch: Scratch::new(),
+            found: Vec::new(),
+            state,
+            generation,
+            txn,
+        })
+    }
+
+    fn view<'s>(&'s mut self, store: &'s Store, shared: &'s SharedTable, params: &IndexParams) -> TxnView<'s> {
+        let frozen = FrozenVectors::new(shared, self.state.next_id, params.vector_bytes());
+        // SAFETY: `self.cache` only ever receives pointers read through
+        // `self.txn`: it is created with the session and never shared; and
+        // `frozen` is derived from the state this txn reads.
+        unsafe { TxnView::new(&self.txn, store, &mut self.cache, Some(frozen), params) }
+    }
+
+    /// Searches with a prepared (validated, normalised) query.
+    pub(crate) fn search(
+        &mut self,
+        store: &Store,
+        shared: &SharedTable,
+        params: &IndexParams,
+        query: &[f32],
+        sp: SearchParams,
+    ) -> Result<Vec<Hit>> {
+        let Some((entry, top)) = self.state.entry.filter(|_| self.state.live > 0) else {
+            return Ok(Vec::new());
+        };
+        let metric = params.metric;
+        let skip = self.state.tombstones > 0;
+        let ef = sp.ef.max(sp.k);
+        let frozen = FrozenVectors::new(shared, self.state.next_id, params.vector_bytes());
+        let Session { cache, scratch, found, txn, .. } = self;
+        // SAFETY: `cache` only ever receives pointers read through `txn`: it
+        // is created with the session and never shared; `frozen` is derived
+        // from the state this txn reads.
+        let mut view = unsafe { TxnView::new(txn, store, cache, Some(frozen), params) };
+        let mut best = Scored { dist: metric.distance(query, view.vector(entry)?), id: entry };
+        for l in (1..=top).rev() {
+            best = greedy_closest(&mut view, scratch, metric, query, best, l)?;
+        }
+        search_layer(&mut view, scratch, metric, query, &[best], ef, 0, skip, found)?;
+        found.truncate(sp.k);
+        let mut hits = Vec::with_capacity(found.len());
+        for s in found.iter() {
+            let record = view.node(s.id)?;
+            hits.push(Hit { id: record.external, distance: metric.reported(s.dist), payload: None });
+        }
+        if sp.with_payload {
+            for (hit, s) in hits.iter_mut().zip(found.iter()) {
+                hit.payload = payload(store, txn, s.id)?;
+            }
+        }
+        Ok(hits)
+    }
+
+    /// The live point with external id `id`.
+    pub(crate) fn get(
+        &mut self,
+        store: &Store,
+        shared: &SharedTable,
+        params: &IndexParams,
+        id: u64,
+    ) -> Result<Option<StoredPoint>> {
+        let Some(internal) = lookup_external(store, &self.txn, id)? else { return Ok(None) };
+        let payload = payload(store, &self.txn, internal)?;
+        let vector = self.view(store, shared, params).vector(internal)?.to_vec();
+        Ok(Some(StoredPoint { id, vector, payload }))
+    }
+
+    /// Highest applied offset of `source`.
+    pub(crate) fn offset(&self, store: &Store, source: &str) -> Result<Option<u64>> {
+        read_offset(store, &self.txn, source)
+    }
+
+    /// Every source with its highest applied offset, sorted by name.
+    pub(crate) fn offsets(&self, store: &Store) -> Result<Vec<(String, u64)>> {
+        let mut out = Vec::new();
+        for item in store.dbs.offsets.iter(&self.txn).map_err(|e| store.err(e))? {
+            let (k, v) = item.map_err(|e| store.err(e))?;
+            let name = String::from_utf8_lossy(k).into_owned();
+            let offset = decode_offset(v).ok_or_else(|| Error::Corrupt {
+                path: store.path.clone(),
+                detail: format!("offset of source {name} is malformed"),
+            })?;
+            out.push((name, offset));
+        }
+        Ok(out)
+    }
+
+    /// Pointers copied because LMDB misaligned them (expected: none).
+    pub(crate) fn unaligned_vectors(&self) -> usize {
+        self.cache.unaligned_count()
+    }
+
+    pub(crate) fn cache_bytes(&self) -> usize {
+        self.cache.bytes() + self.scratch.bytes()
+    }
+}
+
+fn payload(store: &Store, txn: &RoTxn<'_, WithoutTls>, internal: u32) -> Result<Option<Vec<u8>>> {
+    let p = store.dbs.payloads.get(txn, &codec::id_key(internal)).map_err(|e| store.err(e))?;
+    Ok(p.map(<[u8]>::to_vec))
+}
+
+pub(crate) fn read_state(store: &Store, txn: &RoTxn<'_, WithoutTls>) -> Result<State> {
+    let bytes = store.dbs.meta.get(txn, codec::META_STATE).map_err(|e| store.err(e))?;
+    match bytes {
+        None => Ok(State::default()),
+        Some(b) => State::decode(b)
+            .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: "index state is malformed".into() }),
+    }
+}
+
+pub(crate) fn lookup_external(store: &Store, txn: &RoTxn<'_, WithoutTls>, id: u64) -> Result<Option<u32>> {
+    let v = store.dbs.external.get(txn, &codec::external_key(id)).map_err(|e| store.err(e))?;
+    match v {
+        None => Ok(None),
+        Some(b) => codec::decode_id_key(b).map(Some).ok_or_else(|| Error::Corrupt {
+            path: store.path.clone(),
+            detail: format!("id map entry of {id} is malformed"),
+        }),
+    }
+}
+
+pub(crate) fn read_offset(store: &Store, txn: &RoTxn<'_, WithoutTls>, source: &str) -> Result<Option<u64>> {
+    let v = store.dbs.offsets.get(txn, source.as_bytes()).map_err(|e| store.err(e))?;
+    match v {
+        None => Ok(None),
+        Some(b) => decode_offset(b).map(Some).ok_or_else(|| Error::Corrupt {
+            path: store.path.clone(),
+            detail: format!("offset of source {source} is malformed"),
+        }),
+    }
+}
+
+fn decode_offset(b: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(b.try_into().ok()?))
+}
+
+/// Record of node `id` read without a cache (cold paths).
+pub(crate) fn read_node(store: &Store, txn: &RoTxn<'_, WithoutTls>, id: u32) -> Result<NodeRecord> {
+    let b = store.dbs.nodes.get(txn, &codec::id_key(id)).map_err(|e| store.err(e))?;
+    b.and_then(NodeRecord::decode)
+        .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("record of node {id} is missing") })
+}
+
+/// Validates and prepares a query vector.
+pub(crate) fn prepare_query(params: &IndexParams, query: &[f32]) -> Result<Vec<f32>, InvalidInput> {
+    params
+        .metric
+        .validate(query, params.dim as usize)
+        .map_err(|error| InvalidInput::Vector { at: Location::Query, error })?;
+    let mut q = query.to_vec();
+    params.metric.prepare(&mut q);
+    Ok(q)
+}

@@ -1,0 +1,157 @@
+//! The LMDB environment of one shard and the databases inside it.
+
+use std::path::{Path, PathBuf};
+
+use heed::types::Bytes;
+use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, WithoutTls};
+
+use crate::error::{Error, Result};
+
+/// Every database is raw bytes; `codec` gives the bytes their meaning.
+pub(crate) type Db = Database<'static, Bytes, Bytes>;
+
+/// The databases of one index.
+#[derive(Clone, Copy)]
+pub(crate) struct Dbs {
+    /// `params`, `state`.
+    pub(crate) meta: Db,
+    /// internal id (BE u32) → prepared vector (dim × f32 LE).
+    pub(crate) vectors: Db,
+    /// internal id → bottom-layer link list.
+    pub(crate) links0: Db,
+    /// (level, internal id) → upper-layer link list.
+    pub(crate) links_up: Db,
+    /// internal id → [`crate::codec::NodeRecord`] (external id, level, flags).
+    pub(crate) nodes: Db,
+    /// external id (BE u64) → live internal id (BE u32).
+    pub(crate) external: Db,
+    /// internal id → payload bytes, for points that carry one.
+    pub(crate) payloads: Db,
+    /// source name → highest applied offset (BE u64).
+    pub(crate) offsets: Db,
+}
+
+/// How the environment is opened.
+#[derive(Clone, Debug)]
+pub(crate) struct StoreOptions {
+    pub(crate) initial_map_size: u64,
+    pub(crate) max_map_size: u64,
+    pub(crate) max_readers: u32,
+    pub(crate) durable: bool,
+    pub(crate) read_ahead: bool,
+}
+
+/// An open environment with its databases.
+pub(crate) struct Store {
+    pub(crate) env: Env<WithoutTls>,
+    pub(crate) dbs: Dbs,
+    pub(crate) path: PathBuf,
+    pub(crate) max_map_size: u64,
+}
+
+impl Store {
+    /// Opens (creating if needed) the environment in `path`.
+    pub(crate) fn open(path: &Path, opts: &StoreOptions) -> Result<Store> {
+        std::fs::create_dir_all(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
+        let page = page_size();
+        let file_len = std::fs::metadata(path.join("data.mdb")).map(|m| m.len()).unwrap_or(0);
+        // Start with room for the data already there plus as much again, so
+        // a reopened index does not resize on its first batch.
+        let wanted = opts.initial_map_size.max(file_len.saturating_mul(2)).min(opts.max_map_size.max(file_len));
+        let map_size = round_up(wanted, page);
+
+        let mut flags = EnvFlags::empty();
+        if !opts.read_ahead {
+            flags |= EnvFlags::NO_READ_AHEAD;
+        }
+        if !opts.durable {
+            flags |= EnvFlags::NO_SYNC;
+        }
+        let mut builder = EnvOpenOptions::new().read_txn_without_tls();
+        builder.map_size(map_size as usize).max_dbs(16).max_readers(opts.max_readers);
+        // SAFETY: the flags are valid LMDB environment flags; NO_SYNC trades
+        // durability of the last commits for speed and is opt-in.
+        unsafe { builder.flags(flags) };
+        // SAFETY: the environment's files are only ever modified through LMDB
+        // in this process; shoal never opens them with anything else.
+        let env = unsafe { builder.open(path) }.map_err(|e| storage(path, e))?;
+        let wtxn = env.write_txn().map_err(|e| storage(path, e))?;
+        let (meta, vectors, links0, links_up, nodes, external, payloads, offsets) = env
+            .create_databases_and_commit(wtxn, |dbo, wtxn| -> heed::Result<_> {
+                let mut create = |name: &'static str| dbo.create_database::<Bytes, Bytes>(wtxn, Some(name));
+                Ok(CommitOrAbort::<_, ()>::Commit((
+                    create("meta")?,
+                    create("vectors")?,
+                    create("links0")?,
+                    create("links_up")?,
+                    create("nodes")?,
+                    create("external")?,
+                    create("payloads")?,
+                    create("offsets")?,
+                )))
+            })
+            .map_err(|e| storage(path, e))?
+            .unwrap_commit();
+        Ok(Store {
+            env,
+            dbs: Dbs { meta, vectors, links0, links_up, nodes, external, payloads, offsets },
+            path: path.to_owned(),
+            max_map_size: opts.max_map_size,
+        })
+    }
+
+    /// Maps a heed error to the engine's, naming the environment.
+    pub(crate) fn err(&self, e: heed::Error) -> Error {
+        storage(&self.path, e)
+    }
+
+    /// Size of the memory map now.
+    pub(crate) fn map_size(&self) -> u64 {
+        self.env.info().map_size as u64
+    }
+
+    /// The map size to grow to after `MDB_MAP_FULL`, or the error that says
+    /// which setting to raise.
+    pub(crate) fn next_map_size(&self) -> Result<u64> {
+        let now = self.map_size();
+        if now >= self.max_map_size {
+            return Err(Error::MapSizeLimit { path: self.path.clone(), limit: self.max_map_size });
+        }
+        Ok(round_up(now.saturating_mul(2).min(self.max_map_size), page_size()).max(now + page_size()))
+    }
+
+    /// Bytes the environment occupies on disk (the data file).
+    pub(crate) fn disk_bytes(&self) -> u64 {
+        std::fs::metadata(self.path.join("data.mdb")).map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+/// Maps heed errors: a full device becomes [`Error::DiskFull`], everything
+/// else keeps its source.
+pub(crate) fn storage(path: &Path, e: heed::Error) -> Error {
+    match &e {
+        heed::Error::Io(io) if io.raw_os_error() == Some(libc::ENOSPC) => {
+            Error::DiskFull { path: path.to_owned() }
+        }
+        heed::Error::Io(_)
+        | heed::Error::Mdb(_)
+        | heed::Error::Encoding(_)
+        | heed::Error::Decoding(_)
+        | heed::Error::EnvAlreadyOpened => Error::Storage { path: path.to_owned(), source: e },
+    }
+}
+
+/// True when LMDB ran out of map space (recoverable by growing the map).
+pub(crate) fn is_map_full(e: &heed::Error) -> bool {
+    matches!(e, heed::Error::Mdb(heed::MdbError::MapFull))
+}
+
+pub(crate) fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as u64 } else { 4096 }
+}
+
+fn round_up(v: u64, to: u64) -> u64 {
+    v.div_ceil(to).saturating_mul(to)
+}

@@ -1,0 +1,245 @@
+//! Reading the graph through one LMDB transaction without a B-tree lookup
+//! per access.
+//!
+//! An HNSW insert or search evaluates thousands of distances; a B-tree get
+//! costs about a microsecond (more inside a nested read transaction), which
+//! is more than the arithmetic. So the first access to a node's vector, link
+//! list or record goes through LMDB and the returned pointer is memoised per
+//! thread; later accesses cost a table load. The pointers stay valid exactly
+//! as long as the transaction they were read through, which is why a
+//! [`NodeCache`] is tied to one transaction (see [`TxnView::new`]).
+
+use heed::{RoTxn, WithoutTls};
+use rustc_hash::FxHashMap;
+
+use crate::cache::{DenseTable, RawPtr, SharedTable};
+use crate::codec::{self, NodeRecord};
+use crate::error::{Error, Result};
+use crate::params::IndexParams;
+use crate::store::Store;
+
+/// Memoised pointers into one transaction's pages.
+pub(crate) struct NodeCache {
+    vectors: DenseTable<RawPtr>,
+    /// Keyed by block (see `codec::links0_block_nodes`).
+    links0: DenseTable<RawPtr>,
+    nodes: DenseTable<RawPtr>,
+    upper: FxHashMap<(u8, u32), RawPtr>,
+    /// Copies of vectors that LMDB did not place on a 4-byte boundary. With
+    /// fixed-size values and 4-byte keys every vector is aligned (see
+    /// `docs/engine.md`), so this stays empty; it exists so that a layout
+    /// surprise costs speed, not correctness.
+    unaligned: Vec<Box<[f32]>>,
+}
+
+impl NodeCache {
+    /// An empty cache; `budget_bytes` caps each of its tables.
+    pub(crate) fn new(budget_bytes: usize) -> Self {
+        NodeCache {
+            vectors: DenseTable::with_budget(budget_bytes / 2),
+            links0: DenseTable::with_budget(budget_bytes / 4),
+            nodes: DenseTable::with_budget(budget_bytes / 4),
+            upper: FxHashMap::default(),
+            unaligned: Vec::new(),
+        }
+    }
+
+    /// Vectors that had to be copied because they were misaligned.
+    pub(crate) fn unaligned_count(&self) -> usize {
+        self.unaligned.len()
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.vectors.bytes() + self.links0.bytes() + self.nodes.bytes() + self.upper.len() * 24
+    }
+}
+
+/// The graph as one transaction sees it.
+pub(crate) trait Graph<'g> {
+    /// The stored (prepared) vector of `id`.
+    fn vector(&mut self, id: u32) -> Result<&'g [f32]>;
+    /// The neighbours of `id` on `level`, written into `out`.
+    fn links(&mut self, id: u32, level: u8, out: &mut Vec<u32>) -> Result<()>;
+    /// True if `id` was deleted or replaced (kept only for routing).
+    fn is_tombstone(&mut self, id: u32) -> Result<bool>;
+}
+
+/// Vector addresses that stay valid across transactions.
+///
+/// Vectors are never rewritten and only ever appended under growing ids, so
+/// every leaf page of the vectors database except the rightmost one is never
+/// copied-on-write, never freed and never moves while the map stays where
+/// it is. Addresses of vectors with ids well below the newest committed one
+/// can therefore be remembered for the life of the map and shared by all
+/// threads; the index clears the table before it remaps (`Env::resize`).
+#[derive(Clone, Copy)]
+pub(crate) struct FrozenVectors<'a> {
+    pub(crate) table: &'a SharedTable,
+    /// Ids below this are on full, never-again-written leaf pages. A write
+    /// transaction dirties only the rightmost leaf (APPEND) and the pages of
+    /// its own new vectors, all at or above this bound, so even a nested
+    /// reader of an uncommitted transaction sees these ids in the map.
+    pub(crate) below: u32,
+}
+
+impl<'a> FrozenVectors<'a> {
+    /// The frozen range of a committed state whose next id is `next_id`.
+    pub(crate) fn new(table: &'a SharedTable, next_id: u32, vector_bytes: usize) -> Self {
+        let lag = codec::vectors_per_leaf(vector_bytes) as u32 + 1;
+        FrozenVectors { table, below: next_id.saturating_sub(lag) }
+    }
+}
+
+/// Reads through `txn`, memoising pointers in `cache`.
+pub(crate) struct TxnView<'t> {
+    txn: &'t RoTxn<'t, WithoutTls>,
+    store: &'t Store,
+    cache: &'t mut NodeCache,
+    frozen: Option<FrozenVectors<'t>>,
+    vector_bytes: usize,
+    links0_bytes: usize,
+    links0_block: u32,
+    links_up_bytes: usize,
+}
+
+impl<'t> TxnView<'t> {
+    /// # Safety
+    /// `cache` must be empty or hold only pointers read through `txn`
+    /// (by earlier views over the same, still open, transaction), and
+    /// `frozen` must describe the committed state `txn` is based on.
+    pub(crate) unsafe fn new(
+        txn: &'t RoTxn<'t, WithoutTls>,
+        store: &'t Store,
+        cache: &'t mut NodeCache,
+        frozen: Option<FrozenVectors<'t>>,
+        params: &IndexParams,
+    ) -> Self {
+        let m0 = params.max_links(0);
+        TxnView {
+            txn,
+            store,
+            cache,
+            frozen,
+            vector_bytes: params.vector_bytes(),
+            links0_bytes: codec::links_bytes(m0),
+            links0_block: codec::links0_block_nodes(m0) as u32,
+            links_up_bytes: codec::links_bytes(params.max_links(1)),
+        }
+    }
+
+    fn corrupt(&self, detail: String) -> Error {
+        Error::Corrupt { path: self.store.path.clone(), detail }
+    }
+
+    fn fetch(&self, db: crate::store::Db, key: &[u8], len: usize, what: &str, id: u32) -> Result<*const u8> {
+        match db.get(self.txn, key).map_err(|e| self.store.err(e))? {
+            Some(bytes) if bytes.len() == len => Ok(bytes.as_ptr()),
+            Some(bytes) => Err(self.corrupt(format!("{what} of node {id} has {} bytes, expected {len}", bytes.len()))),
+            None => Err(self.corrupt(format!("{what} of node {id} is missing"))),
+        }
+    }
+
+    /// The node record of `id`.
+    pub(crate) fn node(&mut self, id: u32) -> Result<NodeRecord> {
+        let ptr = match self.cache.nodes.get(id).get() {
+            Some(p) => p,
+            None => {
+                let p = self.fetch(self.store.dbs.nodes, &codec::id_key(id), NodeRecord::SIZE, "record", id)?;
+                *self.cache.nodes.slot(id) = RawPtr::new(p);
+                p
+            }
+        };
+        // SAFETY: `ptr` points at NodeRecord::SIZE bytes inside a page of
+        // `self.txn`, which outlives this call (TxnView::new's contract).
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, NodeRecord::SIZE) };
+        NodeRecord::decode(bytes).ok_or_else(|| self.corrupt(format!("record of node {id} is malformed")))
+    }
+
+    fn vector_ptr(&mut self, id: u32) -> Result<*const f32> {
+        let frozen = self.frozen.filter(|f| id < f.below);
+        if let Some(f) = frozen {
+            let addr = f.table.get(id);
+            if addr != 0 {
+                return Ok(addr as *const f32);
+            }
+        } else if let Some(p) = self.cache.vectors.get(id).get() {
+            return Ok(p.cast());
+        }
+        let p = self.fetch(self.store.dbs.vectors, &codec::id_key(id), self.vector_bytes, "vector", id)?;
+        let addr = p as usize;
+        if let Some(f) = frozen
+            && addr.is_multiple_of(align_of::<f32>())
+        {
+            f.table.set(id, addr);
+            return Ok(p.cast());
+        }
+        let p = if (p as usize).is_multiple_of(align_of::<f32>()) {
+            p.cast::<f32>()
+        } else {
+            // SAFETY: `p` points at vector_bytes readable bytes (checked by fetch).
+            let bytes = unsafe { std::slice::from_raw_parts(p, self.vector_bytes) };
+            let copy: Box<[f32]> =
+                bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let ptr = copy.as_ptr();
+            self.cache.unaligned.push(copy);
+            ptr
+        };
+        *self.cache.vectors.slot(id) = RawPtr::new(p.cast());
+        Ok(p)
+    }
+}
+
+impl<'t> Graph<'t> for TxnView<'t> {
+    #[inline]
+    fn vector(&mut self, id: u32) -> Result<&'t [f32]> {
+        let p = self.vector_ptr(id)?;
+        // SAFETY: `p` is 4-byte aligned and points at dim f32s that live in a
+        // page of `self.txn` (or in `cache.unaligned`, which is only freed by
+        // `NodeCache::clear`, never while a view borrows the cache); both live
+        // for 't. Values are little-endian f32, the CPU's order on the
+        // platforms shoal builds for.
+        Ok(unsafe { std::slice::from_raw_parts(p, self.vector_bytes / 4) })
+    }
+
+    #[inline]
+    fn links(&mut self, id: u32, level: u8, out: &mut Vec<u32>) -> Result<()> {
+        let (ptr, len) = if level == 0 {
+            let len = self.links0_bytes;
+            let block = id / self.links0_block;
+            let slot = (id % self.links0_block) as usize * len;
+            match self.cache.links0.get(block).get() {
+                Some(p) => (p.wrapping_add(slot), len),
+                None => {
+                    let block_len = len * self.links0_block as usize;
+                    let p = self.fetch(self.store.dbs.links0, &codec::id_key(block), block_len, "link block", id)?;
+                    *self.cache.links0.slot(block) = RawPtr::new(p);
+                    (p.wrapping_add(slot), len)
+                }
+            }
+        } else {
+            let len = self.links_up_bytes;
+            match self.cache.upper.get(&(level, id)).and_then(|p| p.get()) {
+                Some(p) => (p, len),
+                None => {
+                    let key = codec::upper_key(level, id);
+                    let p = self.fetch(self.store.dbs.links_up, &key, len, "upper link list", id)?;
+                    self.cache.upper.insert((level, id), RawPtr::new(p));
+                    (p, len)
+                }
+            }
+        };
+        // SAFETY: as in `vector`: `len` bytes in a page of the live transaction.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+        if codec::decode_links(bytes, out) {
+            Ok(())
+        } else {
+            Err(self.corrupt(format!("link list of node {id} on level {level} is malformed")))
+        }
+    }
+
+    #[inline]
+    fn is_tombstone(&mut self, id: u32) -> Result<bool> {
+        Ok(self.node(id)?.is_tombstone())
+    }
+}
+

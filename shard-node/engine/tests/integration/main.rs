@@ -1,0 +1,9 @@
+//! Integration tests of the engine, one module per concern (a single test
+//! binary keeps link time down).
+
+mod bad_input;
+mod common;
+mod concurrency;
+mod model;
+mod storage;
+mod transactions;

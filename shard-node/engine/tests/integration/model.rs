@@ -1,0 +1,146 @@
+//! Random batches of upserts and deletes against a brute-force model.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use shoal_engine::{Batch, BatchOutcome, Error, InvalidInput, Metric, Op, Point, SearchParams};
+
+use crate::common::{Fixture, assert_exact, brute_force};
+
+const DIM: usize = 6;
+const IDS: u64 = 40;
+
+#[derive(Clone, Debug)]
+enum ModelOp {
+    Upsert(u64, Vec<f32>, bool),
+    Delete(u64),
+}
+
+fn vector() -> impl Strategy<Value = Vec<f32>> {
+    // Integers scaled down: exact ties are possible (and handled), NaN never.
+    proptest::collection::vec((-8i8..=8).prop_map(|x| f32::from(x) / 8.0), DIM)
+        .prop_filter("cosine needs a direction", |v| v.iter().any(|x| *x != 0.0))
+}
+
+fn op() -> impl Strategy<Value = ModelOp> {
+    prop_oneof![
+        4 => (0..IDS, vector(), any::<bool>()).prop_map(|(id, v, p)| ModelOp::Upsert(id, v, p)),
+        1 => (0..IDS).prop_map(ModelOp::Delete),
+    ]
+}
+
+fn batches() -> impl Strategy<Value = Vec<(Vec<ModelOp>, Option<u64>)>> {
+    proptest::collection::vec((proptest::collection::vec(op(), 1..25), proptest::option::of(0u64..12)), 1..8)
+}
+
+/// What the model predicts for a batch: its outcome, applied to `points`
+/// and `offset` only if the index must accept it.
+fn predict(
+    points: &mut BTreeMap<u64, (Vec<f32>, Option<Vec<u8>>)>,
+    offset: &mut Option<u64>,
+    ops: &[ModelOp],
+    batch_offset: Option<u64>,
+) -> Result<BatchOutcome, InvalidInput> {
+    if let (Some(o), Some(cur)) = (batch_offset, *offset)
+        && o <= cur
+    {
+        return Ok(BatchOutcome::Skipped { current: cur });
+    }
+    let mut next = points.clone();
+    let (mut upserted, mut deleted) = (0, 0);
+    for (i, op) in ops.iter().enumerate() {
+        match op {
+            ModelOp::Upsert(id, v, p) => {
+                next.insert(*id, (v.clone(), p.then(|| id.to_le_bytes().to_vec())));
+                upserted += 1;
+            }
+            ModelOp::Delete(id) => {
+                if next.remove(id).is_none() {
+                    return Err(InvalidInput::UnknownId { op: i, id: *id });
+                }
+                deleted += 1;
+            }
+        }
+    }
+    *points = next;
+    if batch_offset.is_some() {
+        *offset = batch_offset;
+    }
+    Ok(BatchOutcome::Applied { upserted, deleted })
+}
+
+fn to_batch(ops: &[ModelOp], offset: Option<u64>) -> Batch {
+    let mut b = Batch {
+        ops: ops
+            .iter()
+            .map(|op| match op {
+                ModelOp::Upsert(id, v, p) => {
+                    Op::Upsert(Point { id: *id, vector: v.clone(), payload: p.then(|| id.to_le_bytes().to_vec()) })
+                }
+                ModelOp::Delete(id) => Op::Delete(*id),
+            })
+            .collect(),
+        source: None,
+    };
+    if let Some(o) = offset {
+        b = b.with_source("model", o);
+    }
+    b
+}
+
+fn check(metric: Metric, history: Vec<(Vec<ModelOp>, Option<u64>)>, queries: Vec<Vec<f32>>) {
+    let fx = Fixture::new(DIM as u32, metric);
+    let mut points = BTreeMap::new();
+    let mut offset = None;
+    for (step, (ops, batch_offset)) in history.iter().enumerate() {
+        let want = predict(&mut points, &mut offset, ops, *batch_offset);
+        let got = fx.index.apply(to_batch(ops, *batch_offset));
+        match (&got, &want) {
+            (Ok(g), Ok(w)) => assert_eq!(g, w, "step {step}"),
+            (Err(Error::Invalid(g)), Err(w)) => assert_eq!(g, w, "step {step}"),
+            _ => panic!("step {step}: got {got:?}, model says {want:?}"),
+        }
+        let stats = fx.index.stats().unwrap();
+        assert_eq!(stats.live, points.len() as u64, "step {step}: live count");
+        assert_eq!(fx.index.offset("model").unwrap(), offset, "step {step}: offset");
+
+        let model: Vec<(u64, Vec<f32>)> = points.iter().map(|(id, (v, _))| (*id, v.clone())).collect();
+        for (qi, q) in queries.iter().enumerate() {
+            // ef far above the point count: the search must be exact.
+            let hits = fx.index.search(q, SearchParams { k: 5, ef: 256, with_payload: true }).unwrap();
+            let want = brute_force(metric, &model, q, 5);
+            assert_exact(&hits, &want, &format!("{metric} step {step} query {qi}"));
+            for h in &hits {
+                assert_eq!(h.payload, points[&h.id].1, "payload of {}", h.id);
+            }
+        }
+        for id in 0..IDS {
+            let stored = fx.index.get(id).unwrap();
+            assert_eq!(stored.is_some(), points.contains_key(&id), "step {step}: get({id})");
+            if let Some(p) = stored {
+                assert_eq!(p.payload, points[&id].1);
+                if metric != Metric::Cosine {
+                    assert_eq!(p.vector, points[&id].0);
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    // 256 cases per metric by default; PROPTEST_CASES raises it for soaks.
+    #[test]
+    fn cosine_index_matches_the_model(history in batches(), queries in proptest::collection::vec(vector(), 3)) {
+        check(Metric::Cosine, history, queries);
+    }
+
+    #[test]
+    fn euclidean_index_matches_the_model(history in batches(), queries in proptest::collection::vec(vector(), 3)) {
+        check(Metric::Euclidean, history, queries);
+    }
+
+    #[test]
+    fn dot_index_matches_the_model(history in batches(), queries in proptest::collection::vec(vector(), 3)) {
+        check(Metric::Dot, history, queries);
+    }
+}

@@ -1,0 +1,181 @@
+//! Atomicity, isolation and durability of batches.
+
+use shoal_engine::{Batch, Error, IndexOptions, IndexParams, Metric, Op, SearchParams};
+
+use crate::common::{Fixture, random_batch, random_vector, rng, test_options};
+
+/// Everything observable about an index, to compare before and after.
+fn observe(fx: &Fixture, queries: &[Vec<f32>]) -> String {
+    let stats = fx.index.stats().unwrap();
+    let mut out = format!("live={} tombstones={} level={:?}\n", stats.live, stats.tombstones, stats.max_level);
+    out += &format!("offsets={:?}\n", fx.index.offsets().unwrap());
+    for q in queries {
+        let hits = fx.index.search(q, SearchParams::new(10, 64)).unwrap();
+        out += &format!("{:?}\n", hits.iter().map(|h| (h.id, h.distance)).collect::<Vec<_>>());
+    }
+    for id in 0..50 {
+        out += &format!("{id}:{:?}\n", fx.index.get(id).unwrap().map(|p| p.vector));
+    }
+    out
+}
+
+#[test]
+fn a_failed_write_transaction_leaves_no_trace() {
+    let mut rng = rng("a_failed_write_transaction_leaves_no_trace");
+    // A map that cannot grow: the second batch runs out of space mid-way,
+    // after its vectors were written and while links are being written.
+    let opts = IndexOptions { initial_map_size: 4 << 20, max_map_size: 4 << 20, ..test_options() };
+    let fx = Fixture::with(IndexParams::new(64, Metric::Cosine), opts);
+    fx.index.apply(random_batch(&mut rng, 64, 0..300).with_source("job", 1)).unwrap();
+    fx.index.apply(Batch { ops: vec![Op::Delete(3), Op::Delete(4)], source: None }).unwrap();
+    let queries: Vec<Vec<f32>> = (0..5).map(|_| random_vector(&mut rng, 64)).collect();
+    let before = observe(&fx, &queries);
+    let disk_before = fx.index.stats().unwrap().disk_bytes;
+
+    let mut big = random_batch(&mut rng, 64, 1000..20_000).with_source("job", 2);
+    big.ops.push(Op::Delete(7));
+    let err = fx.index.apply(big).unwrap_err();
+    assert!(matches!(err, Error::MapSizeLimit { limit, .. } if limit == 4 << 20), "{err}");
+    assert!(err.to_string().contains("max_map_size"), "the error names the setting: {err}");
+
+    assert_eq!(observe(&fx, &queries), before, "the aborted batch left a trace");
+    // After a reopen as well: nothing of the batch reached the file.
+    let fx = fx.reopen(test_options());
+    assert_eq!(observe(&fx, &queries), before, "the aborted batch reached the disk");
+    assert!(fx.index.stats().unwrap().disk_bytes <= 4 << 20);
+    assert!(disk_before <= 4 << 20);
+}
+
+#[test]
+fn the_map_grows_on_demand() {
+    let mut rng = rng("the_map_grows_on_demand");
+    let opts = IndexOptions { initial_map_size: 1 << 20, ..test_options() };
+    let fx = Fixture::with(IndexParams::new(128, Metric::Euclidean), opts);
+    let map_before = fx.index.stats().unwrap().map_size;
+    // Hold a snapshot across the growth: the resize must wait for it or
+    // proceed after it is dropped, never pull the map from under it.
+    for b in 0..6u64 {
+        fx.index.apply(random_batch(&mut rng, 128, b * 1000..(b + 1) * 1000)).unwrap();
+        let mut snap = fx.index.snapshot().unwrap();
+        assert_eq!(snap.len(), (b + 1) * 1000);
+        assert!(snap.get(b * 1000).unwrap().is_some());
+    }
+    let stats = fx.index.stats().unwrap();
+    assert!(stats.map_size > map_before, "map did not grow: {} -> {}", map_before, stats.map_size);
+    assert!(stats.disk_bytes > 1 << 20);
+    let q = random_vector(&mut rng, 128);
+    assert_eq!(fx.index.search(&q, SearchParams::new(10, 64)).unwrap().len(), 10);
+}
+
+#[test]
+fn readers_opened_before_a_commit_keep_seeing_the_old_state() {
+    let mut rng = rng("readers_opened_before_a_commit_keep_seeing_the_old_state");
+    let fx = Fixture::new(16, Metric::Cosine);
+    fx.index.apply(random_batch(&mut rng, 16, 0..200).with_source("s", 1)).unwrap();
+    let q = random_vector(&mut rng, 16);
+    let mut old = fx.index.snapshot().unwrap();
+    let old_hits = old.search(&q, SearchParams::new(10, 100)).unwrap();
+
+    // Replace every point near the query and add more.
+    let mut next = random_batch(&mut rng, 16, 200..400).with_source("s", 2);
+    for h in &old_hits {
+        next.ops.push(Op::Delete(h.id));
+    }
+    fx.index.apply(next).unwrap();
+
+    assert_eq!(old.search(&q, SearchParams::new(10, 100)).unwrap(), old_hits);
+    assert_eq!(old.len(), 200);
+    assert_eq!(old.offset("s").unwrap(), Some(1));
+    assert!(old.get(old_hits[0].id).unwrap().is_some());
+
+    let mut new = fx.index.snapshot().unwrap();
+    assert_eq!(new.len(), 400 - 10);
+    assert_eq!(new.offset("s").unwrap(), Some(2));
+    assert!(new.get(old_hits[0].id).unwrap().is_none());
+    let new_hits = new.search(&q, SearchParams::new(10, 100)).unwrap();
+    assert!(new_hits.iter().all(|h| !old_hits.iter().any(|o| o.id == h.id)), "deleted points returned");
+}
+
+#[test]
+fn committed_batches_survive_a_reopen_and_replays_are_skipped() {
+    let mut rng = rng("committed_batches_survive_a_reopen_and_replays_are_skipped");
+    let durable = IndexOptions { durable: true, ..test_options() };
+    let fx = Fixture::with(IndexParams::new(8, Metric::Dot), durable.clone());
+    let mut applied = 0;
+    for offset in 0..5u64 {
+        let b = random_batch(&mut rng, 8, offset * 100..offset * 100 + 100).with_source("file-a", offset);
+        fx.index.apply(b).unwrap();
+        applied += 100;
+    }
+    let q = random_vector(&mut rng, 8);
+    let hits = fx.index.search(&q, SearchParams::new(10, 200)).unwrap();
+    let fx = fx.reopen(durable);
+    assert_eq!(fx.index.stats().unwrap().live, applied);
+    assert_eq!(fx.index.offset("file-a").unwrap(), Some(4));
+    assert_eq!(fx.index.search(&q, SearchParams::new(10, 200)).unwrap(), hits);
+    // A job that resumes from a stale position replays batch 3: skipped.
+    let replay = random_batch(&mut rng, 8, 9000..9100).with_source("file-a", 3);
+    assert_eq!(fx.index.apply(replay).unwrap(), shoal_engine::BatchOutcome::Skipped { current: 4 });
+    assert_eq!(fx.index.stats().unwrap().live, applied);
+    assert!(fx.index.get(9000).unwrap().is_none());
+}
+
+#[test]
+fn group_commit_rejects_only_the_bad_batch() {
+    let mut rng = rng("group_commit_rejects_only_the_bad_batch");
+    let fx = Fixture::new(8, Metric::Cosine);
+    let good = random_batch(&mut rng, 8, 0..50).with_source("a", 1);
+    let mut bad = random_batch(&mut rng, 8, 50..60);
+    bad.ops.push(Op::Delete(12345));
+    let also_good = random_batch(&mut rng, 8, 60..70).with_source("b", 7);
+    let outcomes = fx.index.apply_group(vec![good, bad, also_good]).unwrap();
+    assert!(outcomes[0].is_ok() && outcomes[2].is_ok());
+    assert_eq!(outcomes[1], Err(shoal_engine::InvalidInput::UnknownId { op: 10, id: 12345 }));
+    assert_eq!(fx.index.stats().unwrap().live, 60);
+    assert!(fx.index.get(55).unwrap().is_none());
+    assert_eq!(fx.index.offsets().unwrap(), vec![("a".to_string(), 1), ("b".to_string(), 7)]);
+}
+
+#[test]
+fn upserts_replace_and_deletes_remove_without_losing_recall() {
+    let mut rng = rng("upserts_replace_and_deletes_remove_without_losing_recall");
+    let dim = 24;
+    let fx = Fixture::new(dim, Metric::Euclidean);
+    let mut points: std::collections::BTreeMap<u64, Vec<f32>> = Default::default();
+    for round in 0..6u64 {
+        let mut b = Batch::default();
+        // New points, replacements of old ones, deletions of old ones.
+        for id in round * 400..round * 400 + 400 {
+            let v = random_vector(&mut rng, dim as usize);
+            points.insert(id, v.clone());
+            b.ops.push(Op::Upsert(shoal_engine::Point { id, vector: v, payload: None }));
+        }
+        if round > 0 {
+            for id in (round - 1) * 400..(round - 1) * 400 + 100 {
+                let v = random_vector(&mut rng, dim as usize);
+                points.insert(id, v.clone());
+                b.ops.push(Op::Upsert(shoal_engine::Point { id, vector: v, payload: None }));
+            }
+            for id in ((round - 1) * 400 + 100..(round - 1) * 400 + 250).step_by(2) {
+                points.remove(&id);
+                b.ops.push(Op::Delete(id));
+            }
+        }
+        fx.index.apply(b).unwrap();
+    }
+    let stats = fx.index.stats().unwrap();
+    assert_eq!(stats.live, points.len() as u64);
+    assert!(stats.tombstones > 0);
+    let model: Vec<(u64, Vec<f32>)> = points.iter().map(|(k, v)| (*k, v.clone())).collect();
+    let mut found = 0;
+    let n_queries = 100;
+    for _ in 0..n_queries {
+        let q = random_vector(&mut rng, dim as usize);
+        let hits = fx.index.search(&q, SearchParams::new(10, 64)).unwrap();
+        assert!(hits.iter().all(|h| points.contains_key(&h.id)), "a deleted or replaced point was returned");
+        let want = crate::common::brute_force(Metric::Euclidean, &model, &q, 10);
+        found += hits.iter().filter(|h| want.iter().any(|w| w.0 == h.id)).count();
+    }
+    let recall = found as f64 / (10 * n_queries) as f64;
+    assert!(recall >= 0.9, "recall@10 {recall} after churn");
+}
