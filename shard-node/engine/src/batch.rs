@@ -34,7 +34,8 @@ pub struct SourceOffset {
 pub const MAX_SOURCE_BYTES: usize = 255;
 
 /// Operations applied atomically: after a commit searches see all of them,
-/// before it none.
+/// before it none. A batch with a source but no operations only records
+/// the source's offset.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Batch {
     /// Applied in order; for an id named twice, the later operation wins.

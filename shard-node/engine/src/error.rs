@@ -134,8 +134,8 @@ impl std::fmt::Display for Location {
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InvalidInput {
-    /// The batch carries no operation.
-    #[error("batch is empty: it has no upserts and no deletes")]
+    /// The batch carries no operation and no source offset.
+    #[error("batch is empty: it has no upserts, no deletes and no source offset")]
     EmptyBatch,
     /// A vector is malformed.
     #[error("{at}: {error}")]

@@ -16,7 +16,10 @@ use crate::params::IndexParams;
 
 /// Checks a batch on its own and brings its vectors into stored form.
 pub(crate) fn prepare(batch: &mut Batch, params: &IndexParams, max_payload: usize) -> Result<(), InvalidInput> {
-    if batch.ops.is_empty() {
+    // A batch without operations is only meaningful as a position in a
+    // source: a coordinator records a source's offset on every shard, also
+    // on those that received no point of that batch.
+    if batch.ops.is_empty() && batch.source.is_none() {
         return Err(InvalidInput::EmptyBatch);
     }
     if let Some(s) = &batch.source
@@ -255,6 +258,8 @@ mod tests {
         let params = IndexParams::new(2, crate::Metric::Cosine);
         let mut empty = Batch::default();
         assert_eq!(prepare(&mut empty, &params, 10), Err(InvalidInput::EmptyBatch));
+        let mut position_only = Batch::default().with_source("job", 3);
+        assert_eq!(prepare(&mut position_only, &params, 10), Ok(()));
         let mut big = Batch {
             ops: vec![Op::Upsert(Point { id: 1, vector: vec![1.0, 1.0], payload: Some(vec![0; 11]) })],
             source: None,

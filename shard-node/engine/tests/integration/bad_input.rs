@@ -52,7 +52,16 @@ fn nan_and_infinity_are_rejected() {
 #[test]
 fn empty_vectors_and_empty_batches_are_rejected() {
     assert_eq!(rejected(Metric::Cosine, Batch { ops: vec![upsert(5, vec![])], source: None }), vector_error(0, VectorError::Empty));
-    assert_eq!(rejected(Metric::Cosine, Batch::default().with_source("src", 9)), InvalidInput::EmptyBatch);
+    assert_eq!(rejected(Metric::Cosine, Batch::default()), InvalidInput::EmptyBatch);
+}
+
+#[test]
+fn a_batch_without_operations_records_its_offset() {
+    let fx = Fixture::new(4, Metric::Cosine);
+    let outcome = fx.index.apply(Batch::default().with_source("src", 9)).unwrap();
+    assert_eq!(outcome, shoal_engine::BatchOutcome::Applied { upserted: 0, deleted: 0 });
+    assert_eq!(fx.index.offset("src").unwrap(), Some(9));
+    assert_eq!(fx.index.stats().unwrap().live, 0);
 }
 
 #[test]
