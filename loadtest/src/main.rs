@@ -1,6 +1,7 @@
 //! `shoal-loadtest`: shoal's benchmarks. Performance targets live here,
 //! never in timed tests.
 
+mod cluster_bench;
 mod compare;
 mod fvecs;
 mod groundtruth;
@@ -21,6 +22,8 @@ enum Command {
     /// Build an index from .fvecs files; measure recall, QPS, incremental
     /// inserts, disk and memory (same JSON as ../shared/peers).
     IndexBench(index_bench::Args),
+    /// Ingest rate and search latency of the embedded 3-shard cluster.
+    ClusterBench(cluster_bench::Args),
     /// Print index-bench JSON files (ours and the peers') side by side.
     Compare(compare::Args),
 }
@@ -29,5 +32,6 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::IndexBench(a) => index_bench::run(a),
         Command::Compare(a) => compare::run(a),
+        Command::ClusterBench(a) => cluster_bench::run(a),
     }
 }

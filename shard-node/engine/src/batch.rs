@@ -18,6 +18,10 @@ pub enum Op {
     Upsert(Point),
     /// Remove the point with this id; it must exist.
     Delete(u64),
+    /// Remove the point with this id if it exists; count it as missing if
+    /// not. For callers that cannot know (a coordinator routing a job's
+    /// deletes, a replay after a crash).
+    DeleteIfPresent(u64),
 }
 
 /// Where a batch sits in an ingest job's input, so the job can resume.
@@ -68,8 +72,10 @@ pub enum BatchOutcome {
     Applied {
         /// Upserts it carried.
         upserted: usize,
-        /// Deletes it carried.
+        /// Deletes that removed a point.
         deleted: usize,
+        /// `DeleteIfPresent` operations whose id did not exist.
+        missing: usize,
     },
     /// The batch's offset was not above the stored one: it was applied
     /// before, and nothing was changed.

@@ -115,7 +115,7 @@ pub(crate) fn resolve<'b>(
         // Apply the batch to a local journal first, so that a rejected
         // batch leaves the group's state untouched.
         let mut local: FxHashMap<u64, Fate> = FxHashMap::default();
-        let (mut upserted, mut deleted) = (0, 0);
+        let (mut upserted, mut deleted, mut missing) = (0, 0, 0);
         let mut rejected = None;
         for (op, o) in batch.ops.iter().enumerate() {
             match o {
@@ -123,7 +123,7 @@ pub(crate) fn resolve<'b>(
                     local.insert(p.id, Fate::Upsert { batch: b, op });
                     upserted += 1;
                 }
-                Op::Delete(id) => {
+                Op::Delete(id) | Op::DeleteIfPresent(id) => {
                     let exists = match local.get(id).or_else(|| fate.get(id)) {
                         Some(Fate::Upsert { .. }) => true,
                         Some(Fate::Deleted) => false,
@@ -134,12 +134,17 @@ pub(crate) fn resolve<'b>(
                             known[id].is_some()
                         }
                     };
-                    if !exists {
-                        rejected = Some(InvalidInput::UnknownId { op, id: *id });
-                        break;
+                    match (exists, o) {
+                        (true, _) => {
+                            local.insert(*id, Fate::Deleted);
+                            deleted += 1;
+                        }
+                        (false, Op::DeleteIfPresent(_)) => missing += 1,
+                        (false, _) => {
+                            rejected = Some(InvalidInput::UnknownId { op, id: *id });
+                            break;
+                        }
                     }
-                    local.insert(*id, Fate::Deleted);
-                    deleted += 1;
                 }
             }
         }
@@ -151,7 +156,7 @@ pub(crate) fn resolve<'b>(
         if let Some(s) = &batch.source {
             offsets.insert(s.source.as_str(), s.offset);
         }
-        outcomes.push(Ok(BatchOutcome::Applied { upserted, deleted }));
+        outcomes.push(Ok(BatchOutcome::Applied { upserted, deleted, missing }));
     }
 
     let mut inserts: Vec<(usize, usize, NewPoint<'b>)> = Vec::new();
@@ -221,7 +226,7 @@ mod tests {
         assert_eq!(ids, vec![3, 1], "id 1's last upsert (op 4) comes after id 3's (op 3)");
         assert_eq!(plan.tombstones, vec![30]);
         assert!(plan.removed.is_empty(), "id 2 never existed outside the batch");
-        assert_eq!(plan.outcomes, vec![Ok(BatchOutcome::Applied { upserted: 4, deleted: 1 })]);
+        assert_eq!(plan.outcomes, vec![Ok(BatchOutcome::Applied { upserted: 4, deleted: 1, missing: 0 })]);
     }
 
     #[test]
@@ -236,6 +241,15 @@ mod tests {
         assert!(plan.inserts.is_empty(), "1 was deleted by batch 2, 5 was rejected with batch 1");
         assert_eq!(plan.tombstones, vec![70]);
         assert_eq!(plan.removed, vec![7]);
+    }
+
+    #[test]
+    fn deletes_if_present_count_what_was_missing() {
+        let batches = [Batch { ops: vec![Op::DeleteIfPresent(7), Op::DeleteIfPresent(8), up(9), Op::DeleteIfPresent(9)], source: None }];
+        let plan = run(&batches, &[(7, 70)], &[]);
+        assert_eq!(plan.outcomes, vec![Ok(BatchOutcome::Applied { upserted: 1, deleted: 2, missing: 1 })]);
+        assert_eq!(plan.tombstones, vec![70]);
+        assert!(plan.inserts.is_empty());
     }
 
     #[test]

@@ -59,7 +59,7 @@ fn empty_vectors_and_empty_batches_are_rejected() {
 fn a_batch_without_operations_records_its_offset() {
     let fx = Fixture::new(4, Metric::Cosine);
     let outcome = fx.index.apply(Batch::default().with_source("src", 9)).unwrap();
-    assert_eq!(outcome, shoal_engine::BatchOutcome::Applied { upserted: 0, deleted: 0 });
+    assert_eq!(outcome, shoal_engine::BatchOutcome::Applied { upserted: 0, deleted: 0, missing: 0 });
     assert_eq!(fx.index.offset("src").unwrap(), Some(9));
     assert_eq!(fx.index.stats().unwrap().live, 0);
 }

@@ -66,7 +66,7 @@ fn predict(
     if batch_offset.is_some() {
         *offset = batch_offset;
     }
-    Ok(BatchOutcome::Applied { upserted, deleted })
+    Ok(BatchOutcome::Applied { upserted, deleted, missing: 0 })
 }
 
 fn to_batch(ops: &[ModelOp], offset: Option<u64>) -> Batch {

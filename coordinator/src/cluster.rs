@@ -1,0 +1,531 @@
+//! The coordinator's core: collections, routing of writes, scatter-gather
+//! of reads. Handlers in `service.rs` only convert; everything else is here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
+
+use crate::client::ShardClient;
+use crate::merge::merge_top_k;
+use crate::metadata::{Collection, MetadataStore, place};
+use crate::routing::{group_ids, split};
+use crate::validate::{self, Limits};
+
+/// Coordinator behaviour (configured in `[coordinator]`).
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    pub default_shards: u32,
+    pub search_timeout: Duration,
+    pub write_timeout: Duration,
+    pub limits: Limits,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            default_shards: 3,
+            search_timeout: Duration::from_secs(2),
+            write_timeout: Duration::from_secs(120),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// What came back from a scatter.
+struct Gathered<T> {
+    answers: Vec<(u32, T)>,
+    failures: Vec<(u32, NodeId, ShoalError)>,
+}
+
+/// The cluster as one coordinator sees it.
+pub struct Cluster {
+    meta: Arc<dyn MetadataStore>,
+    clients: HashMap<NodeId, ShardClient>,
+    opts: ClusterOptions,
+}
+
+fn retry_hint(mut e: ShoalError) -> ShoalError {
+    if e.code == ErrorCode::Unavailable && e.retry_after.is_none() {
+        e.retry_after = Some(Duration::from_secs(1));
+    }
+    e
+}
+
+impl Cluster {
+    pub fn new(meta: Arc<dyn MetadataStore>, clients: HashMap<NodeId, ShardClient>, opts: ClusterOptions) -> Self {
+        Cluster { meta, clients, opts }
+    }
+
+    pub fn options(&self) -> &ClusterOptions {
+        &self.opts
+    }
+
+    fn client(&self, node: &NodeId) -> Result<&ShardClient, ShoalError> {
+        self.clients.get(node).ok_or_else(|| ShoalError::internal(format!("node {node} is not a member")))
+    }
+
+    fn collection(&self, name: &str) -> Result<Collection, ShoalError> {
+        let name = CollectionName::parse(name)?;
+        self.meta.collection(&name).ok_or_else(|| ShoalError::not_found(format!("collection {name} does not exist")))
+    }
+
+    fn shard_id(c: &Collection, shard: u32) -> Option<v1::ShardId> {
+        Some(v1::ShardId { collection: c.name.to_string(), shard })
+    }
+
+    /// Learns the collections from the shards the nodes hold. Returns the
+    /// nodes that could not be asked (their shards are unknown until a
+    /// later call).
+    pub async fn discover(&self) -> Vec<(NodeId, ShoalError)> {
+        let members = self.meta.members();
+        let replies = join_all(members.iter().map(|m| async move {
+            let c = self.client(&m.id)?;
+            tokio::time::timeout(Duration::from_secs(5), c.list_shards(v1::ListShardsRequest {}))
+                .await
+                .map_err(|_| ShoalError::deadline("listing shards timed out"))?
+        }))
+        .await;
+        let mut found: BTreeMap<CollectionName, (v1::ShardSpec, BTreeMap<u32, NodeId>)> = BTreeMap::new();
+        let mut failed = Vec::new();
+        for (m, reply) in members.iter().zip(replies) {
+            match reply {
+                Ok(list) => {
+                    for s in list.shards {
+                        let (Some(id), Some(spec)) = (s.shard, s.spec) else { continue };
+                        let Ok(name) = CollectionName::parse(&id.collection) else { continue };
+                        let entry = found.entry(name).or_insert_with(|| (spec.clone(), BTreeMap::new()));
+                        entry.1.insert(id.shard, m.id.clone());
+                    }
+                }
+                Err(e) => failed.push((m.id.clone(), e)),
+            }
+        }
+        for (name, (spec, shards)) in found {
+            let count = spec.shard_count;
+            // Only complete collections are served: a missing shard would
+            // silently drop a part of every result.
+            if count == 0 || (0..count).any(|i| !shards.contains_key(&i)) {
+                tracing::warn!(collection = %name, have = shards.len(), want = count, "collection incomplete; not served yet");
+                continue;
+            }
+            let placement = (0..count).map(|i| shards[&i].clone()).collect();
+            self.meta.insert_collection(Collection { name, spec, placement });
+        }
+        failed
+    }
+
+    pub async fn create_collection(&self, req: v1::CreateCollectionRequest) -> Result<v1::CollectionInfo, ShoalError> {
+        let v1::CreateCollectionRequest { name, dimension, metric, shard_count, index } = req;
+        let name = CollectionName::parse(&name)?;
+        if dimension == 0 || dimension > 65_536 {
+            return Err(ShoalError::invalid(format!("dimension must be 1 to 65536, got {dimension}")));
+        }
+        if !matches!(v1::Metric::try_from(metric), Ok(v1::Metric::Cosine | v1::Metric::Dot | v1::Metric::Euclidean)) {
+            return Err(ShoalError::invalid(format!("metric {metric} is not one of COSINE, DOT, EUCLIDEAN")));
+        }
+        let shard_count = if shard_count == 0 { self.opts.default_shards } else { shard_count };
+        if shard_count > 1024 {
+            return Err(ShoalError::invalid(format!("shard_count must be at most 1024, got {shard_count}")));
+        }
+        if self.meta.collection(&name).is_some() {
+            return Err(ShoalError::already_exists(format!("collection {name} already exists")));
+        }
+        let members = self.meta.members();
+        if members.is_empty() {
+            return Err(ShoalError::unavailable("the cluster has no shard nodes", Duration::from_secs(5)));
+        }
+        let spec = v1::ShardSpec { dimension, metric, index, shard_count };
+        let placement = place(shard_count, &members, &self.meta.collections());
+        let c = Collection { name: name.clone(), spec: spec.clone(), placement };
+        let created = join_all((0..shard_count).map(|i| {
+            let c = &c;
+            let spec = spec.clone();
+            async move {
+                let client = self.client(&c.placement[i as usize])?;
+                client.create_shard(v1::CreateShardRequest { shard: Self::shard_id(c, i), spec: Some(spec) }).await
+            }
+        }))
+        .await;
+        if let Some((i, Err(e))) = created.iter().enumerate().find(|(_, r)| r.is_err()) {
+            // Undo the shards that were made; creation is all or nothing.
+            join_all((0..shard_count).filter(|&j| created[j as usize].is_ok()).map(|j| {
+                let c = &c;
+                async move {
+                    if let Ok(client) = self.client(&c.placement[j as usize]) {
+                        let _ = client.drop_shard(v1::DropShardRequest { shard: Self::shard_id(c, j) }).await;
+                    }
+                }
+            }))
+            .await;
+            return Err(retry_hint(e.clone().context(format!("creating shard {i} on node {}", c.placement[i]))));
+        }
+        if !self.meta.insert_collection(c.clone()) {
+            return Err(ShoalError::already_exists(format!("collection {name} already exists")));
+        }
+        Ok(info(&c, Vec::new()))
+    }
+
+    pub async fn drop_collection(&self, name: &str) -> Result<(), ShoalError> {
+        let c = self.collection(name)?;
+        let results = join_all((0..c.shard_count()).map(|i| {
+            let c = &c;
+            async move {
+                let client = self.client(&c.placement[i as usize])?;
+                match client.drop_shard(v1::DropShardRequest { shard: Self::shard_id(c, i) }).await {
+                    Err(e) if e.code == ErrorCode::NotFound => Ok(()),
+                    other => other.map(|_| ()),
+                }
+            }
+        }))
+        .await;
+        if let Some(e) = results.into_iter().find_map(Result::err) {
+            return Err(retry_hint(e.context(format!("dropping collection {}", c.name))));
+        }
+        self.meta.remove_collection(&c.name);
+        Ok(())
+    }
+
+    pub fn list_collections(&self) -> Vec<v1::CollectionInfo> {
+        self.meta.collections().iter().map(|c| info(c, Vec::new())).collect()
+    }
+
+    /// A collection with the live state of each shard.
+    pub async fn describe(&self, name: &str) -> Result<v1::CollectionInfo, ShoalError> {
+        let c = self.collection(name)?;
+        let stats = self.shard_stats(&c).await;
+        Ok(info(&c, stats))
+    }
+
+    async fn shard_stats(&self, c: &Collection) -> Vec<v1::ShardInfo> {
+        let g = self
+            .scatter(c, Duration::from_secs(5), |client, shard| async move {
+                client.get_shard_stats(v1::ShardStatsRequest { shard }).await
+            })
+            .await;
+        let mut out: Vec<v1::ShardInfo> = (0..c.shard_count())
+            .map(|i| v1::ShardInfo { shard: i, node: c.placement[i as usize].to_string(), ..Default::default() })
+            .collect();
+        for (i, s) in g.answers {
+            let o = &mut out[i as usize];
+            o.available = true;
+            o.points = s.points;
+            o.tombstones = s.tombstones;
+            o.disk_bytes = s.disk_bytes;
+        }
+        out
+    }
+
+    /// Calls `f` for every shard of `c` concurrently, each under `timeout`.
+    async fn scatter<T, F, Fut>(&self, c: &Collection, timeout: Duration, f: F) -> Gathered<T>
+    where
+        F: Fn(ShardClient, Option<v1::ShardId>) -> Fut,
+        Fut: Future<Output = Result<T, ShoalError>>,
+    {
+        let calls = (0..c.shard_count()).map(|i| {
+            let node = c.placement[i as usize].clone();
+            let client = self.client(&node).cloned();
+            let call = client.map(|cl| f(cl, Self::shard_id(c, i)));
+            async move {
+                let r = match call {
+                    Ok(fut) => match tokio::time::timeout(timeout, fut).await {
+                        Ok(r) => r,
+                        Err(_) => Err(ShoalError::deadline(format!("no answer within {timeout:?}"))),
+                    },
+                    Err(e) => Err(e),
+                };
+                (i, node, r)
+            }
+        });
+        let mut g = Gathered { answers: Vec::new(), failures: Vec::new() };
+        for (i, node, r) in join_all(calls).await {
+            match r {
+                Ok(v) => g.answers.push((i, v)),
+                Err(e) => g.failures.push((i, node, e)),
+            }
+        }
+        g
+    }
+
+    /// Writes a batch: splits it by shard and applies the parts
+    /// concurrently; returns once every part is committed. With a source,
+    /// every shard receives its part (possibly empty) so that every shard
+    /// records the source's offset.
+    pub async fn write(
+        &self,
+        collection: &str,
+        points: Vec<v1::Point>,
+        deletes: Vec<u64>,
+        source: Option<v1::SourceOffset>,
+    ) -> Result<Written, ShoalError> {
+        let c = self.collection(collection)?;
+        validate::write(&points, &deletes, &c.spec, &self.opts.limits)?;
+        if let Some(s) = &source {
+            validate::source(&s.source, &self.opts.limits)?;
+        }
+        let parts = split(points, deletes, c.shard_count());
+        let timeout = self.opts.write_timeout;
+        let calls = parts.into_iter().enumerate().filter(|(_, p)| source.is_some() || !p.is_empty()).map(|(i, part)| {
+            let i = i as u32;
+            let node = c.placement[i as usize].clone();
+            let req = v1::ApplyBatchRequest {
+                shard: Self::shard_id(&c, i),
+                source: source.clone(),
+                points: part.points,
+                deletes: part.deletes,
+            };
+            async move {
+                let client = self.client(&node)?;
+                let r = tokio::time::timeout(timeout, client.apply_batch(req))
+                    .await
+                    .map_err(|_| ShoalError::deadline(format!("shard {i} did not commit within {timeout:?}")))?;
+                r.map_err(|e| retry_hint(e).context(format!("shard {i} on node {node}")))
+            }
+        });
+        let mut w = Written::default();
+        let mut first_error = None;
+        for r in join_all(calls).await {
+            match r {
+                Ok(a) => {
+                    if a.status == v1::BatchStatus::Applied as i32 {
+                        w.applied = true;
+                    }
+                    w.upserted += a.upserted;
+                    w.deleted += a.deleted;
+                    w.missing += a.missing;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            // Parts that committed stay; the caller retries the batch, and
+            // the shards that have it skip it by its offset.
+            Some(e) => Err(e),
+            None => Ok(w),
+        }
+    }
+
+    pub async fn ingest(&self, req: v1::IngestRequest) -> Result<v1::IngestAck, ShoalError> {
+        let v1::IngestRequest { collection, source, offset, points, deletes } = req;
+        let at = |e: ShoalError| e.context(format!("batch {source}@{offset}"));
+        let w = self
+            .write(&collection, points, deletes, Some(v1::SourceOffset { source: source.clone(), offset }))
+            .await
+            .map_err(at)?;
+        Ok(v1::IngestAck {
+            status: if w.applied { v1::BatchStatus::Applied } else { v1::BatchStatus::Skipped } as i32,
+            source,
+            offset,
+            upserted: w.upserted,
+            deleted: w.deleted,
+            missing: w.missing,
+        })
+    }
+
+    /// Where each source stands: the lowest offset over the shards (a source
+    /// some shard has not seen is not reported: the job starts it over).
+    pub async fn offsets(&self, req: v1::GetOffsetsRequest) -> Result<v1::GetOffsetsResponse, ShoalError> {
+        let c = self.collection(&req.collection)?;
+        let g = self
+            .scatter(&c, Duration::from_secs(10), |client, shard| async move {
+                client.get_shard_stats(v1::ShardStatsRequest { shard }).await
+            })
+            .await;
+        if let Some((i, node, e)) = g.failures.into_iter().next() {
+            return Err(retry_hint(e.context(format!("reading offsets of shard {i} on node {node}"))));
+        }
+        let mut per_source: BTreeMap<String, (u64, u32)> = BTreeMap::new();
+        for (_, stats) in &g.answers {
+            for o in &stats.offsets {
+                let e = per_source.entry(o.source.clone()).or_insert((u64::MAX, 0));
+                e.0 = e.0.min(o.offset);
+                e.1 += 1;
+            }
+        }
+        let offsets = per_source
+            .into_iter()
+            .filter(|(name, (_, seen))| *seen == c.shard_count() && (req.sources.is_empty() || req.sources.contains(name)))
+            .map(|(source, (offset, _))| v1::SourceOffset { source, offset })
+            .collect();
+        Ok(v1::GetOffsetsResponse { offsets })
+    }
+
+    pub async fn get(&self, req: v1::GetRequest) -> Result<v1::GetResponse, ShoalError> {
+        let v1::GetRequest { collection, ids, with_vector } = req;
+        let c = self.collection(&collection)?;
+        if ids.len() > self.opts.limits.max_get_ids {
+            return Err(ShoalError::invalid(format!("{} ids, more than the limit of {}", ids.len(), self.opts.limits.max_get_ids)));
+        }
+        let groups = group_ids(&ids, c.shard_count());
+        let calls = groups.into_iter().map(|(shard, ids)| {
+            let node = c.placement[shard as usize].clone();
+            let req = v1::GetPointsRequest { shard: Self::shard_id(&c, shard), ids, with_vector };
+            async move {
+                let client = self.client(&node)?;
+                client.get_points(req).await.map_err(|e| retry_hint(e).context(format!("shard {shard} on node {node}")))
+            }
+        });
+        let mut found = HashMap::new();
+        for r in join_all(calls).await {
+            for p in r?.points {
+                found.insert(p.id, p);
+            }
+        }
+        let mut points = Vec::new();
+        let mut missing = Vec::new();
+        for id in ids {
+            match found.remove(&id) {
+                Some(p) => points.push(p),
+                None if points.iter().any(|p: &v1::Point| p.id == id) => {}
+                None => missing.push(id),
+            }
+        }
+        Ok(v1::GetResponse { points, missing })
+    }
+
+    /// Scatter-gather search for one or more query vectors.
+    pub async fn search_many(&self, q: SearchQuery) -> Result<SearchOutcome, ShoalError> {
+        let c = self.collection(&q.collection)?;
+        if q.queries.is_empty() || q.queries.len() > self.opts.limits.max_queries {
+            return Err(ShoalError::invalid(format!(
+                "a search takes 1 to {} query vectors, got {}",
+                self.opts.limits.max_queries,
+                q.queries.len()
+            )));
+        }
+        for (i, v) in q.queries.iter().enumerate() {
+            vector_check(v, &c, i, q.queries.len())?;
+        }
+        let ef = validate::search_params(q.k, q.ef, &self.opts.limits)?;
+        let timeout = if q.timeout_ms == 0 { self.opts.search_timeout } else { Duration::from_millis(u64::from(q.timeout_ms)) };
+        let n = q.queries.len();
+        let queries: Vec<v1::Vector> = q.queries.into_iter().map(|values| v1::Vector { values }).collect();
+        let (k, with_payload) = (q.k, q.with_payload);
+        let g = self
+            .scatter(&c, timeout, |client, shard| {
+                let queries = queries.clone();
+                async move { client.search_shard(v1::SearchShardRequest { shard, queries, k, ef, with_payload }).await }
+            })
+            .await;
+        let total = c.shard_count();
+        let answered = g.answers.len() as u32;
+        if let Some((i, node, e)) = g.failures.first()
+            && !q.allow_partial
+        {
+            let code = if g.failures.iter().all(|f| f.2.code == ErrorCode::DeadlineExceeded) {
+                ErrorCode::DeadlineExceeded
+            } else {
+                ErrorCode::Unavailable
+            };
+            let mut err = ShoalError::new(
+                code,
+                format!(
+                    "{} of {total} shards did not answer (first: shard {i} on node {node}: {}); set allow_partial to get what the others found",
+                    g.failures.len(),
+                    e.message
+                ),
+            );
+            if code == ErrorCode::Unavailable {
+                err.retry_after = Some(Duration::from_secs(1));
+            }
+            return Err(err);
+        }
+        let mut per_query: Vec<Vec<Vec<v1::Hit>>> = vec![Vec::with_capacity(answered as usize); n];
+        for (_, resp) in g.answers {
+            for (qi, r) in resp.results.into_iter().enumerate().take(n) {
+                per_query[qi].push(r.hits);
+            }
+        }
+        let results = per_query.into_iter().map(|lists| merge_top_k(lists, k as usize)).collect();
+        Ok(SearchOutcome { results, shards_total: total, shards_answered: answered, partial: answered < total })
+    }
+
+    pub async fn status(&self) -> v1::ClusterStatusResponse {
+        let collections = self.meta.collections();
+        let mut out = Vec::new();
+        let mut node_up: HashMap<NodeId, bool> = HashMap::new();
+        for c in &collections {
+            let shards = self.shard_stats(c).await;
+            for s in &shards {
+                if let Ok(id) = NodeId::parse(&s.node) {
+                    *node_up.entry(id).or_insert(false) |= s.available;
+                }
+            }
+            out.push(info(c, shards));
+        }
+        let members = self.meta.members();
+        let probes = join_all(members.iter().map(|m| async move {
+            match self.client(&m.id) {
+                Ok(c) => tokio::time::timeout(Duration::from_secs(2), c.list_shards(v1::ListShardsRequest {}))
+                    .await
+                    .map(|r| r.map(|l| l.shards.len() as u32))
+                    .unwrap_or_else(|_| Err(ShoalError::deadline("timeout"))),
+                Err(e) => Err(e),
+            }
+        }))
+        .await;
+        let nodes = members
+            .iter()
+            .zip(probes)
+            .map(|(m, p)| v1::NodeInfo {
+                id: m.id.to_string(),
+                address: m.address.clone(),
+                available: p.is_ok(),
+                shards: p.unwrap_or(0),
+            })
+            .collect();
+        v1::ClusterStatusResponse { nodes, collections: out }
+    }
+}
+
+fn vector_check(v: &[f32], c: &Collection, i: usize, n: usize) -> Result<(), ShoalError> {
+    if n == 1 { validate::vector(v, &c.spec, "query") } else { validate::vector(v, &c.spec, format_args!("query {i}")) }
+}
+
+/// Sum of a write's part outcomes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// At least one shard applied its part (false: every shard skipped it).
+    pub applied: bool,
+    pub upserted: u32,
+    pub deleted: u32,
+    pub missing: u32,
+}
+
+/// A search as the coordinator runs it (both Search and SearchBatch).
+#[derive(Debug, Clone)]
+pub struct SearchQuery {
+    pub collection: String,
+    pub queries: Vec<Vec<f32>>,
+    pub k: u32,
+    pub ef: u32,
+    pub with_payload: bool,
+    pub allow_partial: bool,
+    pub timeout_ms: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct SearchOutcome {
+    pub results: Vec<Vec<v1::Hit>>,
+    pub shards_total: u32,
+    pub shards_answered: u32,
+    pub partial: bool,
+}
+
+fn info(c: &Collection, shards: Vec<v1::ShardInfo>) -> v1::CollectionInfo {
+    let points = shards.iter().map(|s| s.points).sum();
+    v1::CollectionInfo {
+        name: c.name.to_string(),
+        dimension: c.spec.dimension,
+        metric: c.spec.metric,
+        shard_count: c.shard_count(),
+        index: c.spec.index,
+        shards,
+        points,
+    }
+}

@@ -1,0 +1,50 @@
+//! Coordinator settings: defaults for one machine, then a TOML file
+//! (`[coordinator]`), `SHOAL_COORD_*` environment variables, flags.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::validate::Limits;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CoordinatorConfig {
+    pub listen: SocketAddr,
+    /// Static membership: the shard nodes of the cluster.
+    pub shard_nodes: Vec<ShardNodeEntry>,
+    /// Shards of a new collection when the request does not say.
+    pub default_shards: u32,
+    pub search_timeout_ms: u64,
+    pub write_timeout_ms: u64,
+    /// Largest gRPC message accepted or sent, in bytes.
+    pub max_message_bytes: usize,
+    pub limits: Limits,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ShardNodeEntry {
+    pub id: String,
+    /// `host:port` or `http://host:port`.
+    pub address: String,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            listen: "127.0.0.1:7700".parse().expect("literal address"),
+            shard_nodes: vec![ShardNodeEntry { id: "shard-0".into(), address: "127.0.0.1:7701".into() }],
+            default_shards: 3,
+            search_timeout_ms: 2_000,
+            write_timeout_ms: 120_000,
+            max_message_bytes: 64 << 20,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// `host:port` → `http://host:port`; full URLs are kept.
+pub fn url(address: &str) -> String {
+    if address.contains("://") { address.to_owned() } else { format!("http://{address}") }
+}

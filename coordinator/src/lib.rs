@@ -1,0 +1,17 @@
+//! A shoal coordinator: holds the collections and their placement, routes
+//! ingest by point id to shard nodes, and answers searches by scattering to
+//! every shard and merging the global top-k.
+
+pub mod client;
+pub mod cluster;
+pub mod config;
+pub mod merge;
+pub mod metadata;
+pub mod routing;
+pub mod server;
+pub mod service;
+pub mod validate;
+
+pub use cluster::{Cluster, ClusterOptions};
+pub use config::CoordinatorConfig;
+pub use server::RunningCoordinator;

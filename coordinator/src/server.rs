@@ -1,0 +1,91 @@
+//! Running a coordinator: build the cluster view, serve gRPC with health
+//! and reflection, shut down gracefully.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_proto::NodeId;
+use shoal_proto::v1::shoal_server::ShoalServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::client::ShardClient;
+use crate::cluster::{Cluster, ClusterOptions};
+use crate::config::{CoordinatorConfig, url};
+use crate::metadata::{InMemoryMetadata, Member};
+use crate::service::ShoalService;
+
+/// A coordinator that is serving.
+pub struct RunningCoordinator {
+    pub addr: SocketAddr,
+    pub cluster: Arc<Cluster>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+/// The cluster view for a static membership, with gRPC clients.
+pub fn cluster_from_config(cfg: &CoordinatorConfig) -> anyhow::Result<Cluster> {
+    let mut members = Vec::new();
+    let mut clients = HashMap::new();
+    for n in &cfg.shard_nodes {
+        let id = NodeId::parse(&n.id)?;
+        let address = url(&n.address);
+        clients.insert(id.clone(), ShardClient::connect_lazy(&address, cfg.max_message_bytes)?);
+        members.push(Member { id, address });
+    }
+    anyhow::ensure!(!members.is_empty(), "the coordinator needs at least one shard node (shard_nodes)");
+    let opts = ClusterOptions {
+        default_shards: cfg.default_shards.max(1),
+        search_timeout: Duration::from_millis(cfg.search_timeout_ms),
+        write_timeout: Duration::from_millis(cfg.write_timeout_ms),
+        limits: cfg.limits.clone(),
+    };
+    Ok(Cluster::new(Arc::new(InMemoryMetadata::new(members)), clients, opts))
+}
+
+impl RunningCoordinator {
+    pub async fn start(cfg: &CoordinatorConfig) -> anyhow::Result<RunningCoordinator> {
+        let listener = TcpListener::bind(cfg.listen).await?;
+        Self::start_on(cfg, listener).await
+    }
+
+    pub async fn start_on(cfg: &CoordinatorConfig, listener: TcpListener) -> anyhow::Result<RunningCoordinator> {
+        let addr = listener.local_addr()?;
+        let cluster = Arc::new(cluster_from_config(cfg)?);
+        for (node, e) in cluster.discover().await {
+            tracing::warn!(%node, error = %e, "shard node not reachable at start; its collections are not served yet");
+        }
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<ShoalServer<ShoalService>>().await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(shoal_proto::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let svc = ShoalServer::new(ShoalService::new(Arc::clone(&cluster)))
+            .max_decoding_message_size(cfg.max_message_bytes)
+            .max_encoding_message_size(cfg.max_message_bytes);
+        let server = tonic::transport::Server::builder()
+            .layer(tower::util::MapResponseLayer::new(shoal_proto::oversized_is_resource_exhausted))
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(svc)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = stopped.await;
+            });
+        let task = tokio::spawn(server);
+        tracing::info!(%addr, "coordinator serving");
+        Ok(RunningCoordinator { addr, cluster, stop: Some(stop), task })
+    }
+
+    /// Stops accepting and waits for in-flight requests (and the writes
+    /// they started) to finish.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await??;
+        Ok(())
+    }
+}

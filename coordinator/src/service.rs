@@ -1,0 +1,132 @@
+//! The gRPC face of a [`Cluster`]: convert, call, convert back.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use shoal_proto::v1::shoal_server::Shoal;
+use shoal_proto::{ShoalError, v1};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::cluster::{Cluster, SearchQuery};
+
+/// Serves `shoal.v1.Shoal`.
+pub struct ShoalService {
+    cluster: Arc<Cluster>,
+}
+
+impl ShoalService {
+    pub fn new(cluster: Arc<Cluster>) -> Self {
+        ShoalService { cluster }
+    }
+}
+
+type AckStream = Pin<Box<dyn Stream<Item = Result<v1::IngestAck, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Shoal for ShoalService {
+    async fn create_collection(&self, r: Request<v1::CreateCollectionRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
+        Ok(Response::new(self.cluster.create_collection(r.into_inner()).await?))
+    }
+
+    async fn list_collections(&self, _: Request<v1::ListCollectionsRequest>) -> Result<Response<v1::ListCollectionsResponse>, Status> {
+        Ok(Response::new(v1::ListCollectionsResponse { collections: self.cluster.list_collections() }))
+    }
+
+    async fn describe_collection(&self, r: Request<v1::DescribeCollectionRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
+        Ok(Response::new(self.cluster.describe(&r.into_inner().name).await?))
+    }
+
+    async fn drop_collection(&self, r: Request<v1::DropCollectionRequest>) -> Result<Response<v1::DropCollectionResponse>, Status> {
+        self.cluster.drop_collection(&r.into_inner().name).await?;
+        Ok(Response::new(v1::DropCollectionResponse {}))
+    }
+
+    type IngestStream = AckStream;
+
+    async fn ingest(&self, r: Request<Streaming<v1::IngestRequest>>) -> Result<Response<AckStream>, Status> {
+        let mut batches = r.into_inner();
+        let cluster = Arc::clone(&self.cluster);
+        // One batch at a time per stream, so that a source's batches reach
+        // each shard in order (the shard skips offsets at or below its own,
+        // so reordering would drop data). The bounded channel and reading
+        // the next batch only after the previous ack are the backpressure.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut collection = String::new();
+            while let Some(next) = batches.next().await {
+                let mut batch = match next {
+                    Ok(b) => b,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                // Later batches of a stream may leave the collection empty.
+                if batch.collection.is_empty() {
+                    batch.collection.clone_from(&collection);
+                } else {
+                    collection.clone_from(&batch.collection);
+                }
+                let ack = cluster.ingest(batch).await.map_err(Status::from);
+                let failed = ack.is_err();
+                if tx.send(ack).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn get_offsets(&self, r: Request<v1::GetOffsetsRequest>) -> Result<Response<v1::GetOffsetsResponse>, Status> {
+        Ok(Response::new(self.cluster.offsets(r.into_inner()).await?))
+    }
+
+    async fn upsert(&self, r: Request<v1::UpsertRequest>) -> Result<Response<v1::WriteResponse>, Status> {
+        let v1::UpsertRequest { collection, points } = r.into_inner();
+        let w = self.cluster.write(&collection, points, Vec::new(), None).await?;
+        Ok(Response::new(v1::WriteResponse { upserted: w.upserted, deleted: w.deleted, missing: w.missing }))
+    }
+
+    async fn delete(&self, r: Request<v1::DeleteRequest>) -> Result<Response<v1::WriteResponse>, Status> {
+        let v1::DeleteRequest { collection, ids } = r.into_inner();
+        let w = self.cluster.write(&collection, Vec::new(), ids, None).await?;
+        Ok(Response::new(v1::WriteResponse { upserted: w.upserted, deleted: w.deleted, missing: w.missing }))
+    }
+
+    async fn get(&self, r: Request<v1::GetRequest>) -> Result<Response<v1::GetResponse>, Status> {
+        Ok(Response::new(self.cluster.get(r.into_inner()).await?))
+    }
+
+    async fn search(&self, r: Request<v1::SearchRequest>) -> Result<Response<v1::SearchResponse>, Status> {
+        let v1::SearchRequest { collection, vector, k, ef, with_payload, allow_partial, timeout_ms } = r.into_inner();
+        let q = SearchQuery { collection, queries: vec![vector], k, ef, with_payload, allow_partial, timeout_ms };
+        let mut out = self.cluster.search_many(q).await?;
+        let hits = out.results.pop().ok_or_else(|| ShoalError::internal("search produced no result"))?;
+        Ok(Response::new(v1::SearchResponse {
+            hits,
+            shards_total: out.shards_total,
+            shards_answered: out.shards_answered,
+            partial: out.partial,
+        }))
+    }
+
+    async fn search_batch(&self, r: Request<v1::SearchBatchRequest>) -> Result<Response<v1::SearchBatchResponse>, Status> {
+        let v1::SearchBatchRequest { collection, queries, k, ef, with_payload, allow_partial, timeout_ms } = r.into_inner();
+        let queries = queries.into_iter().map(|v| v.values).collect();
+        let q = SearchQuery { collection, queries, k, ef, with_payload, allow_partial, timeout_ms };
+        let out = self.cluster.search_many(q).await?;
+        Ok(Response::new(v1::SearchBatchResponse {
+            results: out.results.into_iter().map(|hits| v1::SearchResult { hits }).collect(),
+            shards_total: out.shards_total,
+            shards_answered: out.shards_answered,
+            partial: out.partial,
+        }))
+    }
+
+    async fn cluster_status(&self, _: Request<v1::ClusterStatusRequest>) -> Result<Response<v1::ClusterStatusResponse>, Status> {
+        Ok(Response::new(self.cluster.status().await))
+    }
+}

@@ -1,0 +1,166 @@
+//! Checks done once, where a request enters the cluster: a request that
+//! passes them cannot fail on a shard for a reason the caller could fix,
+//! so a batch never half-applies because of bad input.
+
+use std::fmt::Display;
+
+use shoal_proto::{ShoalError, v1};
+
+/// Request limits (configurable in `[coordinator.limits]`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Points plus deletes in one batch or write.
+    pub max_batch_ops: usize,
+    pub max_payload_bytes: usize,
+    pub max_k: u32,
+    pub max_ef: u32,
+    /// Query vectors in one SearchBatch.
+    pub max_queries: usize,
+    /// Ids in one Get.
+    pub max_get_ids: usize,
+    /// Bytes of a source name.
+    pub max_source_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_batch_ops: 100_000,
+            max_payload_bytes: 64 << 10,
+            max_k: 10_000,
+            max_ef: 100_000,
+            max_queries: 1_024,
+            max_get_ids: 10_000,
+            max_source_bytes: 255,
+        }
+    }
+}
+
+/// A vector for a collection of this spec.
+pub fn vector(v: &[f32], spec: &v1::ShardSpec, what: impl Display) -> Result<(), ShoalError> {
+    if v.is_empty() {
+        return Err(ShoalError::invalid(format!("{what}: vector is empty")));
+    }
+    if v.len() != spec.dimension as usize {
+        return Err(ShoalError::invalid(format!(
+            "{what}: vector has dimension {}, the collection expects {}",
+            v.len(),
+            spec.dimension
+        )));
+    }
+    if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+        return Err(ShoalError::invalid(format!("{what}: component {i} is {x}; every component must be finite")));
+    }
+    let norm_sq: f64 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    if spec.metric == v1::Metric::Cosine as i32 && norm_sq.sqrt() < f64::from(f32::MIN_POSITIVE) {
+        return Err(ShoalError::invalid(format!("{what}: a zero vector has no direction under the cosine metric")));
+    }
+    if spec.metric != v1::Metric::Cosine as i32 && !(norm_sq as f32).is_finite() {
+        return Err(ShoalError::invalid(format!("{what}: the vector's squared length overflows 32-bit floats")));
+    }
+    Ok(())
+}
+
+/// Points and deletes of a write.
+pub fn write(points: &[v1::Point], deletes: &[u64], spec: &v1::ShardSpec, limits: &Limits) -> Result<(), ShoalError> {
+    if points.is_empty() && deletes.is_empty() {
+        return Err(ShoalError::invalid("batch is empty: it has no points and no deletes"));
+    }
+    if points.len() + deletes.len() > limits.max_batch_ops {
+        return Err(ShoalError::invalid(format!(
+            "batch has {} operations, more than the limit of {}",
+            points.len() + deletes.len(),
+            limits.max_batch_ops
+        )));
+    }
+    for (i, p) in points.iter().enumerate() {
+        vector(&p.vector, spec, format_args!("point {i} (id {})", p.id))?;
+        if let Some(kind) = p.payload.as_ref().and_then(|p| p.kind.as_ref()) {
+            let len = match kind {
+                v1::payload::Kind::Binary(b) => b.len(),
+                v1::payload::Kind::Json(s) => {
+                    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(s) {
+                        return Err(ShoalError::invalid(format!("point {i} (id {}): payload is not valid JSON: {e}", p.id)));
+                    }
+                    s.len()
+                }
+            };
+            if len + 1 > limits.max_payload_bytes {
+                return Err(ShoalError::invalid(format!(
+                    "point {i} (id {}): payload of {len} bytes exceeds the limit of {} bytes",
+                    p.id,
+                    limits.max_payload_bytes - 1
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A source name of an ingest batch.
+pub fn source(s: &str, limits: &Limits) -> Result<(), ShoalError> {
+    if s.is_empty() || s.len() > limits.max_source_bytes {
+        return Err(ShoalError::invalid(format!(
+            "source name must be 1 to {} bytes, got {}",
+            limits.max_source_bytes,
+            s.len()
+        )));
+    }
+    Ok(())
+}
+
+/// k and ef of a search; returns the per-shard ef to use.
+pub fn search_params(k: u32, ef: u32, limits: &Limits) -> Result<u32, ShoalError> {
+    if k == 0 || k > limits.max_k {
+        return Err(ShoalError::invalid(format!("k must be between 1 and {}, got {k}", limits.max_k)));
+    }
+    if ef > limits.max_ef {
+        return Err(ShoalError::invalid(format!("ef must be at most {}, got {ef}", limits.max_ef)));
+    }
+    Ok(if ef == 0 { default_ef(k) } else { ef.max(k) })
+}
+
+/// Per-shard candidate list when the caller does not choose: twice k, and
+/// at least 64, which gives recall@10 around 0.95 on sentence embeddings.
+pub fn default_ef(k: u32) -> u32 {
+    k.saturating_mul(2).max(64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(metric: v1::Metric) -> v1::ShardSpec {
+        v1::ShardSpec { dimension: 3, metric: metric as i32, index: None, shard_count: 1 }
+    }
+
+    #[test]
+    fn vectors_get_precise_errors() {
+        let s = spec(v1::Metric::Cosine);
+        let e = |v: &[f32]| vector(v, &s, "point 2 (id 9)").unwrap_err().message;
+        assert_eq!(e(&[]), "point 2 (id 9): vector is empty");
+        assert_eq!(e(&[1.0, 2.0]), "point 2 (id 9): vector has dimension 2, the collection expects 3");
+        assert_eq!(e(&[1.0, f32::NAN, 0.0]), "point 2 (id 9): component 1 is NaN; every component must be finite");
+        assert!(e(&[0.0, 0.0, 0.0]).contains("zero vector"));
+        assert!(vector(&[0.0; 3], &spec(v1::Metric::Euclidean), "q").is_ok());
+    }
+
+    #[test]
+    fn writes_and_searches_are_bounded() {
+        let s = spec(v1::Metric::Dot);
+        let l = Limits::default();
+        assert!(write(&[], &[], &s, &l).unwrap_err().message.contains("empty"));
+        let bad_json = v1::Point {
+            id: 1,
+            vector: vec![1.0; 3],
+            payload: Some(v1::Payload { kind: Some(v1::payload::Kind::Json("{oops".into())) }),
+        };
+        assert!(write(&[bad_json], &[], &s, &l).unwrap_err().message.contains("not valid JSON"));
+        assert_eq!(search_params(10, 0, &l).unwrap(), 64);
+        assert_eq!(search_params(100, 0, &l).unwrap(), 200);
+        assert_eq!(search_params(10, 5, &l).unwrap(), 10);
+        assert!(search_params(0, 10, &l).is_err());
+        assert!(source("", &l).is_err());
+    }
+}

@@ -1,0 +1,136 @@
+//! `shoalctl`: run the demo or an embedded dev cluster, look at a cluster.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use shoal_ops::embedded::{EmbeddedCluster, EmbeddedConfig};
+use shoal_ops::{ctl, demo};
+use shoal_proto::v1;
+
+#[derive(Parser)]
+#[command(name = "shoalctl", about = "Operate a shoal cluster", version)]
+struct Cli {
+    /// Coordinator to talk to.
+    #[arg(long, global = true, env = "SHOAL_ENDPOINT", default_value = "http://127.0.0.1:7700")]
+    endpoint: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The main job end to end on an embedded cluster: ingest a real
+    /// sample, search it, report recall, ingest rate and latency.
+    Demo(demo::DemoArgs),
+    /// Run a coordinator and shard nodes in this process on fixed loopback
+    /// ports until Ctrl-C.
+    Dev {
+        #[arg(long, default_value = "./shoal-data/dev")]
+        data_dir: PathBuf,
+        #[arg(long, default_value_t = 3)]
+        shard_nodes: usize,
+        #[arg(long, default_value_t = 7700)]
+        port: u16,
+    },
+    /// Nodes, collections and shards of the cluster.
+    Status,
+    /// Manage collections.
+    #[command(subcommand)]
+    Collections(Collections),
+    /// Write the gRPC file descriptor set (for `grpcurl -protoset`).
+    ProtoDescriptor {
+        #[arg(long, short, default_value = "shoal.protoset")]
+        output: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum Collections {
+    List,
+    Describe { name: String },
+    Create {
+        name: String,
+        #[arg(long)]
+        dimension: u32,
+        #[arg(long, default_value = "cosine")]
+        metric: String,
+        #[arg(long, default_value_t = 0)]
+        shards: u32,
+        #[arg(long, default_value_t = 16)]
+        m: u32,
+        #[arg(long, default_value_t = 100)]
+        ef_construction: u32,
+    },
+    Drop { name: String },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Demo(args) => demo::run(args).await,
+        Command::Dev { data_dir, shard_nodes, port } => dev(data_dir, shard_nodes, port).await,
+        Command::Status => ctl::status(&cli.endpoint).await,
+        Command::Collections(c) => collections(&cli.endpoint, c).await,
+        Command::ProtoDescriptor { output } => {
+            std::fs::write(&output, shoal_proto::FILE_DESCRIPTOR_SET)?;
+            println!("wrote {} (grpcurl -protoset {} ...)", output.display(), output.display());
+            Ok(())
+        }
+    }
+}
+
+async fn dev(data_dir: PathBuf, shard_nodes: usize, port: u16) -> anyhow::Result<()> {
+    let mut cfg = EmbeddedConfig::ephemeral(&data_dir, shard_nodes);
+    cfg.coordinator_listen = ([127, 0, 0, 1], port).into();
+    cfg.first_shard_port = port + 1;
+    let cluster = EmbeddedCluster::start(cfg).await?;
+    println!("shoal dev cluster up; data in {}", data_dir.display());
+    println!("  coordinator  {}", cluster.endpoint());
+    for (i, a) in cluster.node_addrs().iter().enumerate() {
+        println!("  shard-{i}      http://{a}");
+    }
+    println!();
+    println!("try:  grpcurl -plaintext 127.0.0.1:{port} list");
+    println!("      grpcurl -plaintext -d '{{\"name\":\"docs\",\"dimension\":3,\"metric\":\"COSINE\"}}' 127.0.0.1:{port} shoal.v1.Shoal/CreateCollection");
+    println!("      shoalctl status");
+    println!("Ctrl-C stops it (queued batches commit first).");
+    tokio::signal::ctrl_c().await?;
+    cluster.shutdown().await
+}
+
+async fn collections(endpoint: &str, c: Collections) -> anyhow::Result<()> {
+    let mut client = ctl::connect(endpoint).await?;
+    match c {
+        Collections::List => {
+            let list = client.list_collections(v1::ListCollectionsRequest {}).await?.into_inner();
+            for c in &list.collections {
+                ctl::print_collection(c);
+            }
+            if list.collections.is_empty() {
+                println!("no collections");
+            }
+        }
+        Collections::Describe { name } => {
+            let c = client.describe_collection(v1::DescribeCollectionRequest { name }).await?.into_inner();
+            ctl::print_collection(&c);
+        }
+        Collections::Create { name, dimension, metric, shards, m, ef_construction } => {
+            let metric = ctl::parse_metric(&metric)? as i32;
+            let index = Some(v1::IndexParams { m, ef_construction });
+            let c = client
+                .create_collection(v1::CreateCollectionRequest { name, dimension, metric, shard_count: shards, index })
+                .await?
+                .into_inner();
+            ctl::print_collection(&c);
+        }
+        Collections::Drop { name } => {
+            client.drop_collection(v1::DropCollectionRequest { name: name.clone() }).await?;
+            println!("dropped {name}");
+        }
+    }
+    Ok(())
+}

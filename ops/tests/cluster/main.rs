@@ -1,0 +1,7 @@
+//! Cluster tests: a coordinator and shard nodes in this process, talking
+//! real gRPC over loopback.
+
+mod bad_requests;
+mod common;
+mod durability;
+mod search;

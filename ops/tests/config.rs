@@ -1,0 +1,51 @@
+//! The example configuration parses into the real config types, with the
+//! same layering the binaries use.
+
+use figment::Figment;
+use figment::providers::{Format, Serialized, Toml};
+use shoal_coordinator::CoordinatorConfig;
+use shoal_shard_node::ShardNodeConfig;
+
+const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/shoal.example.toml");
+
+#[test]
+fn the_example_config_parses_and_shows_the_defaults() {
+    let coord: CoordinatorConfig = Figment::from(Serialized::defaults(CoordinatorConfig::default()))
+        .merge(Figment::from(Toml::file(EXAMPLE)).focus("coordinator"))
+        .extract()
+        .expect("coordinator section");
+    assert_eq!(coord.shard_nodes.len(), 2);
+    let mut defaults = CoordinatorConfig::default();
+    defaults.shard_nodes = coord.shard_nodes.clone();
+    assert_eq!(coord, defaults, "the example's coordinator values drifted from the defaults");
+
+    let shard: ShardNodeConfig = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
+        .merge(Figment::from(Toml::file(EXAMPLE)).focus("shard_node"))
+        .extract()
+        .expect("shard_node section");
+    assert_eq!(shard, ShardNodeConfig::default(), "the example's shard node values drifted from the defaults");
+}
+
+#[test]
+fn unknown_keys_are_errors_not_silently_ignored() {
+    let err = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
+        .merge(Toml::string("[engine]\ndurabel = false\n"))
+        .extract::<ShardNodeConfig>()
+        .unwrap_err();
+    assert!(err.to_string().contains("durabel"), "{err}");
+}
+
+#[test]
+fn environment_overrides_the_file() {
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("SHOAL_SHARD_ENGINE__DURABLE", "false");
+        jail.set_env("SHOAL_SHARD_LISTEN", "127.0.0.1:9999");
+        let cfg: ShardNodeConfig = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
+            .merge(Figment::from(Toml::file(EXAMPLE)).focus("shard_node"))
+            .merge(figment::providers::Env::prefixed("SHOAL_SHARD_").split("__"))
+            .extract()?;
+        assert!(!cfg.engine.durable);
+        assert_eq!(cfg.listen.port(), 9999);
+        Ok(())
+    });
+}

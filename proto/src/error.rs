@@ -1,0 +1,177 @@
+//! The one error type of shoal's services and the one place it becomes a
+//! gRPC status (and back, on the client side).
+
+use std::time::Duration;
+
+use tonic::{Code, Status};
+
+/// Metadata key carrying how long to wait before retrying, in milliseconds.
+pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+
+/// What a caller can do about an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// The request is wrong; do not retry it unchanged.
+    InvalidArgument,
+    /// The collection, shard or point does not exist.
+    NotFound,
+    /// It exists already.
+    AlreadyExists,
+    /// A shard or node cannot answer now; retry after the hint.
+    Unavailable,
+    /// Over a limit (size, memory, disk); shrink the request or wait.
+    ResourceExhausted,
+    /// The deadline passed before every part answered.
+    DeadlineExceeded,
+    /// A bug or a broken invariant on the server.
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn grpc(self) -> Code {
+        match self {
+            ErrorCode::InvalidArgument => Code::InvalidArgument,
+            ErrorCode::NotFound => Code::NotFound,
+            ErrorCode::AlreadyExists => Code::AlreadyExists,
+            ErrorCode::Unavailable => Code::Unavailable,
+            ErrorCode::ResourceExhausted => Code::ResourceExhausted,
+            ErrorCode::DeadlineExceeded => Code::DeadlineExceeded,
+            ErrorCode::Internal => Code::Internal,
+        }
+    }
+
+    fn from_grpc(code: Code) -> Self {
+        match code {
+            Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => ErrorCode::InvalidArgument,
+            Code::NotFound => ErrorCode::NotFound,
+            Code::AlreadyExists => ErrorCode::AlreadyExists,
+            Code::Unavailable | Code::Aborted | Code::Cancelled => ErrorCode::Unavailable,
+            Code::ResourceExhausted => ErrorCode::ResourceExhausted,
+            Code::DeadlineExceeded => ErrorCode::DeadlineExceeded,
+            Code::Ok
+            | Code::Unknown
+            | Code::PermissionDenied
+            | Code::Unimplemented
+            | Code::Internal
+            | Code::DataLoss
+            | Code::Unauthenticated => ErrorCode::Internal,
+        }
+    }
+}
+
+/// An error with its code, a message for humans and an optional retry hint.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ShoalError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub retry_after: Option<Duration>,
+}
+
+impl ShoalError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ShoalError { code, message: message.into(), retry_after: None }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidArgument, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::NotFound, message)
+    }
+
+    pub fn already_exists(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::AlreadyExists, message)
+    }
+
+    pub fn unavailable(message: impl Into<String>, retry_after: Duration) -> Self {
+        ShoalError { code: ErrorCode::Unavailable, message: message.into(), retry_after: Some(retry_after) }
+    }
+
+    pub fn exhausted(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::ResourceExhausted, message)
+    }
+
+    pub fn deadline(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::DeadlineExceeded, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Internal, message)
+    }
+
+    /// Prefixes the message with where the error happened.
+    pub fn context(mut self, what: impl std::fmt::Display) -> Self {
+        self.message = format!("{what}: {}", self.message);
+        self
+    }
+}
+
+impl From<crate::IdError> for ShoalError {
+    fn from(e: crate::IdError) -> Self {
+        ShoalError::invalid(e.to_string())
+    }
+}
+
+/// Makes a request that exceeds the server's message size limit fail with
+/// RESOURCE_EXHAUSTED, the code gRPC specifies for it (tonic answers
+/// OUT_OF_RANGE). Used as `tower::util::MapResponseLayer::new(...)` on the
+/// servers; it sees statuses sent in headers, which is where a unary call's
+/// decode error goes.
+pub fn oversized_is_resource_exhausted<B>(mut resp: tonic::codegen::http::Response<B>) -> tonic::codegen::http::Response<B> {
+    let headers = resp.headers_mut();
+    let out_of_range = headers.get("grpc-status").is_some_and(|v| v.as_bytes() == b"11");
+    let too_large = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        // grpc-message is percent-encoded (spaces become %20).
+        .is_some_and(|m| m.replace("%20", " ").contains("message length too large"));
+    if out_of_range && too_large {
+        headers.insert("grpc-status", tonic::codegen::http::HeaderValue::from_static("8"));
+    }
+    resp
+}
+
+impl From<ShoalError> for Status {
+    fn from(e: ShoalError) -> Status {
+        let mut status = Status::new(e.code.grpc(), e.message);
+        if let Some(after) = e.retry_after
+            && let Ok(v) = after.as_millis().to_string().parse()
+        {
+            status.metadata_mut().insert(RETRY_AFTER_MS, v);
+        }
+        status
+    }
+}
+
+impl From<Status> for ShoalError {
+    fn from(s: Status) -> ShoalError {
+        let retry_after = s
+            .metadata()
+            .get(RETRY_AFTER_MS)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis);
+        ShoalError { code: ErrorCode::from_grpc(s.code()), message: s.message().to_owned(), retry_after }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_round_trip_through_status_with_their_retry_hint() {
+        let e = ShoalError::unavailable("shard 3 is restarting", Duration::from_millis(250));
+        let s: Status = e.clone().into();
+        assert_eq!(s.code(), Code::Unavailable);
+        assert_eq!(s.metadata().get(RETRY_AFTER_MS).unwrap(), "250");
+        assert_eq!(ShoalError::from(s), e);
+        for code in [ErrorCode::InvalidArgument, ErrorCode::NotFound, ErrorCode::AlreadyExists, ErrorCode::ResourceExhausted, ErrorCode::DeadlineExceeded, ErrorCode::Internal] {
+            let s: Status = ShoalError::new(code, "x").into();
+            assert_eq!(ShoalError::from(s).code, code);
+        }
+    }
+}

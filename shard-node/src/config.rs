@@ -1,0 +1,105 @@
+//! Shard node settings: defaults that work on one machine, overridden by a
+//! TOML file, then `SHOAL_SHARD_*` environment variables, then flags.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use shoal_engine::IndexOptions;
+
+use crate::writer::WriterOptions;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShardNodeConfig {
+    /// This node's id in the cluster membership.
+    pub node_id: String,
+    /// Address the gRPC server listens on.
+    pub listen: SocketAddr,
+    /// Where shards live (`<data_dir>/shards/<collection>/<shard>`).
+    pub data_dir: PathBuf,
+    /// Largest gRPC message accepted, in bytes.
+    pub max_message_bytes: usize,
+    pub engine: EngineConfig,
+    pub writer: WriterConfig,
+}
+
+impl Default for ShardNodeConfig {
+    fn default() -> Self {
+        ShardNodeConfig {
+            node_id: "shard-0".into(),
+            listen: "127.0.0.1:7701".parse().expect("literal address"),
+            data_dir: PathBuf::from("./shoal-data/shard-0"),
+            max_message_bytes: 64 << 20,
+            engine: EngineConfig::default(),
+            writer: WriterConfig::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Threads that link a batch into the graph (0: one per CPU).
+    pub build_threads: usize,
+    /// Ceiling of each shard's memory map, in bytes.
+    pub max_map_size: u64,
+    /// fsync every commit before acknowledging it.
+    pub durable: bool,
+    /// Let the kernel read ahead on page faults.
+    pub read_ahead: bool,
+    /// Largest payload per point, in bytes.
+    pub max_payload_bytes: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        let d = IndexOptions::default();
+        EngineConfig {
+            build_threads: 0,
+            max_map_size: d.max_map_size,
+            durable: d.durable,
+            read_ahead: d.read_ahead,
+            max_payload_bytes: d.max_payload_bytes,
+        }
+    }
+}
+
+impl EngineConfig {
+    pub fn index_options(&self) -> IndexOptions {
+        let mut o = IndexOptions::default();
+        if self.build_threads > 0 {
+            o.build_threads = self.build_threads;
+        }
+        o.max_map_size = self.max_map_size;
+        o.durable = self.durable;
+        o.read_ahead = self.read_ahead;
+        o.max_payload_bytes = self.max_payload_bytes;
+        o
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct WriterConfig {
+    pub queue_depth: usize,
+    pub max_group_parts: usize,
+    pub max_group_ops: usize,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        let d = WriterOptions::default();
+        WriterConfig { queue_depth: d.queue_depth, max_group_parts: d.max_group_parts, max_group_ops: d.max_group_ops }
+    }
+}
+
+impl WriterConfig {
+    pub fn options(&self) -> WriterOptions {
+        WriterOptions {
+            queue_depth: self.queue_depth.max(1),
+            max_group_parts: self.max_group_parts.max(1),
+            max_group_ops: self.max_group_ops.max(1),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Conversions between the wire types (shoal.v1) and the engine's.
+//! Destructuring proto messages field by field makes a new field a compile
+//! error here until it is handled.
+
+use shoal_engine::{Error as EngineError, IndexParams, Metric};
+use shoal_proto::v1;
+use shoal_proto::{ErrorCode, ShoalError};
+
+pub(crate) fn metric_from_proto(m: i32) -> Result<Metric, ShoalError> {
+    match v1::Metric::try_from(m) {
+        Ok(v1::Metric::Cosine) => Ok(Metric::Cosine),
+        Ok(v1::Metric::Dot) => Ok(Metric::Dot),
+        Ok(v1::Metric::Euclidean) => Ok(Metric::Euclidean),
+        Ok(v1::Metric::Unspecified) | Err(_) => {
+            Err(ShoalError::invalid(format!("metric {m} is not one of COSINE, DOT, EUCLIDEAN")))
+        }
+    }
+}
+
+pub(crate) fn metric_to_proto(m: Metric) -> v1::Metric {
+    match m {
+        Metric::Cosine => v1::Metric::Cosine,
+        Metric::Dot => v1::Metric::Dot,
+        Metric::Euclidean => v1::Metric::Euclidean,
+    }
+}
+
+/// Index parameters of a shard spec (0 = default for M and ef_construction).
+pub(crate) fn spec_to_params(spec: &v1::ShardSpec) -> Result<IndexParams, ShoalError> {
+    let v1::ShardSpec { dimension, metric, index, shard_count: _ } = spec;
+    let mut p = IndexParams::new(*dimension, metric_from_proto(*metric)?);
+    if let Some(v1::IndexParams { m, ef_construction }) = index {
+        if *m != 0 {
+            let m = u16::try_from(*m).map_err(|_| ShoalError::invalid(format!("m = {m} is too large")))?;
+            p = p.with_m(m);
+        }
+        if *ef_construction != 0 {
+            p = p.with_ef_construction(*ef_construction);
+        }
+    }
+    p.validate().map_err(|e| ShoalError::invalid(e.to_string()))?;
+    Ok(p)
+}
+
+pub(crate) fn params_to_spec(p: &IndexParams, shard_count: u32) -> v1::ShardSpec {
+    v1::ShardSpec {
+        dimension: p.dim,
+        metric: metric_to_proto(p.metric) as i32,
+        index: Some(v1::IndexParams { m: u32::from(p.m), ef_construction: p.ef_construction }),
+        shard_count,
+    }
+}
+
+const PAYLOAD_BINARY: u8 = 0;
+const PAYLOAD_JSON: u8 = 1;
+
+/// The engine stores payloads as opaque bytes; the first byte says whether
+/// the rest is binary or JSON text.
+pub(crate) fn payload_to_engine(p: Option<v1::Payload>) -> Option<Vec<u8>> {
+    let kind = p?.kind?;
+    let (tag, body) = match kind {
+        v1::payload::Kind::Binary(b) => (PAYLOAD_BINARY, b),
+        v1::payload::Kind::Json(s) => (PAYLOAD_JSON, s.into_bytes()),
+    };
+    let mut out = Vec::with_capacity(body.len() + 1);
+    out.push(tag);
+    out.extend_from_slice(&body);
+    Some(out)
+}
+
+pub(crate) fn payload_from_engine(b: Option<Vec<u8>>) -> Option<v1::Payload> {
+    let b = b?;
+    let (tag, body) = b.split_first()?;
+    let kind = match *tag {
+        PAYLOAD_JSON => v1::payload::Kind::Json(String::from_utf8_lossy(body).into_owned()),
+        _ => v1::payload::Kind::Binary(body.to_vec()),
+    };
+    Some(v1::Payload { kind: Some(kind) })
+}
+
+/// The engine's errors in the service's terms.
+pub(crate) fn engine_error(e: EngineError) -> ShoalError {
+    let code = match &e {
+        EngineError::Invalid(_) | EngineError::ParamsMismatch { .. } => ErrorCode::InvalidArgument,
+        EngineError::NotFound { .. } => ErrorCode::NotFound,
+        EngineError::MapSizeLimit { .. } | EngineError::DiskFull { .. } | EngineError::IdSpaceExhausted { .. } => {
+            ErrorCode::ResourceExhausted
+        }
+        _ => ErrorCode::Internal,
+    };
+    ShoalError::new(code, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_keep_their_kind() {
+        for kind in [v1::payload::Kind::Binary(vec![0, 1, 2]), v1::payload::Kind::Json("{\"a\":1}".into())] {
+            let p = v1::Payload { kind: Some(kind) };
+            assert_eq!(payload_from_engine(payload_to_engine(Some(p.clone()))), Some(p));
+        }
+        assert_eq!(payload_to_engine(None), None);
+        assert_eq!(payload_to_engine(Some(v1::Payload { kind: None })), None);
+    }
+
+    #[test]
+    fn specs_round_trip_and_reject_nonsense() {
+        let spec = v1::ShardSpec {
+            dimension: 8,
+            metric: v1::Metric::Dot as i32,
+            index: Some(v1::IndexParams { m: 12, ef_construction: 50 }),
+            shard_count: 3,
+        };
+        let p = spec_to_params(&spec).unwrap();
+        assert_eq!((p.m, p.m0, p.ef_construction), (12, 24, 50));
+        assert_eq!(params_to_spec(&p, 3), spec);
+        let spec = |dimension, metric, m| v1::ShardSpec {
+            dimension,
+            metric,
+            index: Some(v1::IndexParams { m, ef_construction: 0 }),
+            shard_count: 1,
+        };
+        assert!(spec_to_params(&spec(8, 0, 0)).is_err());
+        assert!(spec_to_params(&spec(0, 1, 0)).is_err());
+        assert!(spec_to_params(&spec(8, 1, 100_000)).is_err());
+    }
+}

@@ -1,0 +1,345 @@
+//! The shards a node owns: their indexes, their writers, their directories.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+use shoal_engine::{Batch, BatchOutcome, Index, IndexOptions, Op, Point, SearchParams};
+use shoal_proto::v1;
+use shoal_proto::{CollectionName, ShoalError};
+use tokio::task::JoinHandle;
+
+use crate::convert::{engine_error, params_to_spec, payload_from_engine, payload_to_engine, spec_to_params};
+use crate::writer::{ShardWriter, WriterOptions};
+
+/// (collection, shard number).
+pub type ShardKey = (CollectionName, u32);
+
+struct Shard {
+    index: Arc<Index>,
+    /// Shards of the collection (stored beside the environment).
+    shard_count: u32,
+    writer: Mutex<Option<ShardWriter>>,
+}
+
+/// File beside a shard's environment recording what the engine does not.
+const SHARD_FILE: &str = "shard.json";
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ShardFile {
+    shard_count: u32,
+}
+
+fn read_shard_file(dir: &Path) -> anyhow::Result<u32> {
+    let path = dir.join(SHARD_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let f: ShardFile = serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("parsing {}: {e}", path.display()))?;
+    Ok(f.shard_count)
+}
+
+fn write_shard_file(dir: &Path, shard_count: u32) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{SHARD_FILE}.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec(&ShardFile { shard_count }).map_err(std::io::Error::other)?)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, dir.join(SHARD_FILE))
+}
+
+impl Shard {
+    async fn submit(&self, batch: Batch) -> Result<BatchOutcome, ShoalError> {
+        // The writer is taken out only by `close`; a part that arrives after
+        // that finds the shard gone.
+        let tx = self.writer.lock().as_ref().map(ShardWriter::sender);
+        match tx {
+            Some(tx) => ShardWriter::submit_via(tx, batch).await,
+            None => Err(ShoalError::unavailable("shard is closing", std::time::Duration::from_millis(500))),
+        }
+    }
+
+    async fn close(&self) {
+        let writer = self.writer.lock().take();
+        if let Some(w) = writer {
+            w.close().await;
+        }
+    }
+}
+
+/// Owns every shard of one node. Cheap to share (`Arc`).
+pub struct ShardHost {
+    root: PathBuf,
+    engine: IndexOptions,
+    writer: WriterOptions,
+    shards: RwLock<HashMap<ShardKey, Arc<Shard>>>,
+    closing: AtomicBool,
+}
+
+fn shard_error(key: &ShardKey) -> impl Fn(ShoalError) -> ShoalError + '_ {
+    move |e| e.context(format!("shard {}/{}", key.0, key.1))
+}
+
+fn key_of(id: Option<v1::ShardId>) -> Result<ShardKey, ShoalError> {
+    let v1::ShardId { collection, shard } = id.ok_or_else(|| ShoalError::invalid("shard id is missing"))?;
+    Ok((CollectionName::parse(&collection)?, shard))
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ShoalError> + Send + 'static) -> Result<T, ShoalError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ShoalError::internal(format!("blocking task failed: {e}")))?
+}
+
+impl ShardHost {
+    /// Opens every shard found under `data_dir/shards` and starts its writer.
+    pub async fn open(data_dir: &Path, engine: IndexOptions, writer: WriterOptions) -> anyhow::Result<Arc<ShardHost>> {
+        let root = data_dir.join("shards");
+        std::fs::create_dir_all(&root)?;
+        let host = Arc::new(ShardHost {
+            root: root.clone(),
+            engine,
+            writer,
+            shards: RwLock::new(HashMap::new()),
+            closing: AtomicBool::new(false),
+        });
+        for (key, dir) in find_shards(&root)? {
+            let shard_count = read_shard_file(&dir)?;
+            let opts = host.engine.clone();
+            let index = tokio::task::spawn_blocking(move || Index::open(dir, opts)).await??;
+            host.insert(key, index, shard_count);
+        }
+        Ok(host)
+    }
+
+    fn insert(&self, key: ShardKey, index: Index, shard_count: u32) -> Arc<Shard> {
+        let index = Arc::new(index);
+        let writer = ShardWriter::spawn(Arc::clone(&index), self.writer);
+        let shard = Arc::new(Shard { index, shard_count, writer: Mutex::new(Some(writer)) });
+        self.shards.write().insert(key, Arc::clone(&shard));
+        shard
+    }
+
+    fn dir(&self, key: &ShardKey) -> PathBuf {
+        self.root.join(key.0.as_str()).join(key.1.to_string())
+    }
+
+    fn get(&self, key: &ShardKey) -> Result<Arc<Shard>, ShoalError> {
+        if self.closing.load(Ordering::Acquire) {
+            return Err(ShoalError::unavailable("node is shutting down", std::time::Duration::from_secs(1)));
+        }
+        self.shards
+            .read()
+            .get(key)
+            .cloned()
+            .ok_or_else(|| ShoalError::not_found(format!("shard {}/{} is not on this node", key.0, key.1)))
+    }
+
+    /// Creates a shard, or confirms one that exists with the same spec (so a
+    /// coordinator can retry).
+    pub async fn create_shard(&self, req: v1::CreateShardRequest) -> Result<v1::ShardStats, ShoalError> {
+        let v1::CreateShardRequest { shard, spec } = req;
+        let key = key_of(shard)?;
+        let spec = spec.ok_or_else(|| ShoalError::invalid("shard spec is missing"))?;
+        let params = spec_to_params(&spec)?;
+        let shard_count = spec.shard_count;
+        if shard_count == 0 || key.1 >= shard_count {
+            return Err(ShoalError::invalid(format!("shard {} of a collection of {shard_count} shards", key.1)));
+        }
+        if let Ok(existing) = self.get(&key) {
+            if *existing.index.params() != params || existing.shard_count != shard_count {
+                return Err(ShoalError::already_exists(format!(
+                    "shard {}/{} exists with {}, not {}",
+                    key.0,
+                    key.1,
+                    existing.index.params(),
+                    params
+                )));
+            }
+            return self.stats_of(&key, &existing).await;
+        }
+        let dir = self.dir(&key);
+        let opts = self.engine.clone();
+        let index = blocking(move || {
+            let index = Index::open_or_create(&dir, params, opts).map_err(engine_error)?;
+            write_shard_file(&dir, shard_count)
+                .map_err(|e| ShoalError::internal(format!("writing {}: {e}", dir.display())))?;
+            Ok(index)
+        })
+        .await?;
+        let shard = {
+            // Two concurrent creates: the first one wins, the second reuses it.
+            let existing = self.shards.read().get(&key).cloned();
+            match existing {
+                Some(s) => s,
+                None => self.insert(key.clone(), index, shard_count),
+            }
+        };
+        self.stats_of(&key, &shard).await
+    }
+
+    /// Closes a shard and deletes its data.
+    pub async fn drop_shard(&self, req: v1::DropShardRequest) -> Result<v1::DropShardResponse, ShoalError> {
+        let key = key_of(req.shard)?;
+        let shard = self
+            .shards
+            .write()
+            .remove(&key)
+            .ok_or_else(|| ShoalError::not_found(format!("shard {}/{} is not on this node", key.0, key.1)))?;
+        shard.close().await;
+        drop(shard);
+        let dir = self.dir(&key);
+        blocking(move || {
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| ShoalError::internal(format!("removing {}: {e}", dir.display())))
+        })
+        .await?;
+        Ok(v1::DropShardResponse {})
+    }
+
+    /// Applies one batch part; returns once it is committed.
+    pub async fn apply(&self, req: v1::ApplyBatchRequest) -> Result<v1::ApplyBatchResponse, ShoalError> {
+        let v1::ApplyBatchRequest { shard, source, points, deletes } = req;
+        let key = key_of(shard)?;
+        let target = self.get(&key)?;
+        let mut ops = Vec::with_capacity(points.len() + deletes.len());
+        for v1::Point { id, vector, payload } in points {
+            ops.push(Op::Upsert(Point { id, vector, payload: payload_to_engine(payload) }));
+        }
+        ops.extend(deletes.into_iter().map(Op::DeleteIfPresent));
+        let source = source.map(|v1::SourceOffset { source, offset }| shoal_engine::SourceOffset { source, offset });
+        let outcome = target.submit(Batch { ops, source }).await.map_err(shard_error(&key))?;
+        Ok(match outcome {
+            BatchOutcome::Applied { upserted, deleted, missing } => v1::ApplyBatchResponse {
+                status: v1::BatchStatus::Applied as i32,
+                upserted: upserted as u32,
+                deleted: deleted as u32,
+                missing: missing as u32,
+            },
+            BatchOutcome::Skipped { .. } => v1::ApplyBatchResponse {
+                status: v1::BatchStatus::Skipped as i32,
+                upserted: 0,
+                deleted: 0,
+                missing: 0,
+            },
+        })
+    }
+
+    /// Searches one shard with one or more queries.
+    pub async fn search(&self, req: v1::SearchShardRequest) -> Result<v1::SearchShardResponse, ShoalError> {
+        let v1::SearchShardRequest { shard, queries, k, ef, with_payload } = req;
+        let key = key_of(shard)?;
+        let target = self.get(&key)?;
+        let params = SearchParams { k: k as usize, ef: ef as usize, with_payload };
+        let index = Arc::clone(&target.index);
+        let results = blocking(move || {
+            queries
+                .into_iter()
+                .map(|v1::Vector { values }| {
+                    let hits = index.search(&values, params).map_err(engine_error)?;
+                    Ok(v1::SearchResult {
+                        hits: hits
+                            .into_iter()
+                            .map(|h| v1::Hit { id: h.id, distance: h.distance, payload: payload_from_engine(h.payload) })
+                            .collect(),
+                    })
+                })
+                .collect::<Result<Vec<_>, ShoalError>>()
+        })
+        .await
+        .map_err(shard_error(&key))?;
+        Ok(v1::SearchShardResponse { results })
+    }
+
+    /// Points by id (those present).
+    pub async fn get_points(&self, req: v1::GetPointsRequest) -> Result<v1::GetPointsResponse, ShoalError> {
+        let v1::GetPointsRequest { shard, ids, with_vector } = req;
+        let key = key_of(shard)?;
+        let index = Arc::clone(&self.get(&key)?.index);
+        let points = blocking(move || {
+            let mut snap = index.snapshot().map_err(engine_error)?;
+            let mut out = Vec::new();
+            for id in ids {
+                if let Some(p) = snap.get(id).map_err(engine_error)? {
+                    out.push(v1::Point {
+                        id,
+                        vector: if with_vector { p.vector } else { Vec::new() },
+                        payload: payload_from_engine(p.payload),
+                    });
+                }
+            }
+            Ok(out)
+        })
+        .await?;
+        Ok(v1::GetPointsResponse { points })
+    }
+
+    pub async fn stats(&self, req: v1::ShardStatsRequest) -> Result<v1::ShardStats, ShoalError> {
+        let key = key_of(req.shard)?;
+        let shard = self.get(&key)?;
+        self.stats_of(&key, &shard).await
+    }
+
+    async fn stats_of(&self, key: &ShardKey, shard: &Shard) -> Result<v1::ShardStats, ShoalError> {
+        let index = Arc::clone(&shard.index);
+        let key = key.clone();
+        let shard_count = shard.shard_count;
+        blocking(move || {
+            let stats = index.stats().map_err(engine_error)?;
+            let offsets = index.offsets().map_err(engine_error)?;
+            Ok(v1::ShardStats {
+                shard: Some(v1::ShardId { collection: key.0.to_string(), shard: key.1 }),
+                spec: Some(params_to_spec(&stats.params, shard_count)),
+                points: stats.live,
+                tombstones: stats.tombstones,
+                disk_bytes: stats.disk_bytes,
+                offsets: offsets.into_iter().map(|(source, offset)| v1::SourceOffset { source, offset }).collect(),
+            })
+        })
+        .await
+    }
+
+    pub async fn list(&self) -> Result<v1::ListShardsResponse, ShoalError> {
+        let all: Vec<(ShardKey, Arc<Shard>)> = self.shards.read().iter().map(|(k, s)| (k.clone(), Arc::clone(s))).collect();
+        let mut shards = Vec::with_capacity(all.len());
+        for (key, shard) in all {
+            shards.push(self.stats_of(&key, &shard).await?);
+        }
+        shards.sort_by(|a, b| {
+            let k = |s: &v1::ShardStats| s.shard.as_ref().map(|i| (i.collection.clone(), i.shard));
+            k(a).cmp(&k(b))
+        });
+        Ok(v1::ListShardsResponse { shards })
+    }
+
+    /// Stops accepting requests, commits every queued part, closes the
+    /// environments.
+    pub async fn shutdown(&self) {
+        self.closing.store(true, Ordering::Release);
+        let shards: Vec<Arc<Shard>> = self.shards.write().drain().map(|(_, s)| s).collect();
+        let closing: Vec<JoinHandle<()>> = shards
+            .into_iter()
+            .map(|s| tokio::spawn(async move { s.close().await }))
+            .collect();
+        for c in closing {
+            let _ = c.await;
+        }
+    }
+}
+
+/// Shard directories under `root`: `<collection>/<shard number>/data.mdb`.
+fn find_shards(root: &Path) -> anyhow::Result<Vec<(ShardKey, PathBuf)>> {
+    let mut found = Vec::new();
+    for coll in std::fs::read_dir(root)? {
+        let coll = coll?;
+        let Some(name) = coll.file_name().to_str().and_then(|n| CollectionName::parse(n).ok()) else { continue };
+        if !coll.file_type()?.is_dir() {
+            continue;
+        }
+        for shard in std::fs::read_dir(coll.path())? {
+            let shard = shard?;
+            let Some(n) = shard.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            if shard.path().join("data.mdb").exists() && shard.path().join(SHARD_FILE).exists() {
+                found.push(((name.clone(), n), shard.path()));
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}

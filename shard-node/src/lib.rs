@@ -1,0 +1,15 @@
+//! A shoal shard node: owns shards (one LMDB environment each, through
+//! `shoal-engine`), runs one group-committing writer per shard, and serves
+//! the internal `shoal.v1.ShardNode` gRPC API to coordinators.
+
+pub mod config;
+mod convert;
+pub mod host;
+pub mod server;
+pub mod service;
+mod writer;
+
+pub use config::ShardNodeConfig;
+pub use host::ShardHost;
+pub use server::RunningShardNode;
+pub use writer::WriterOptions;

@@ -1,0 +1,51 @@
+//! The gRPC face of a [`ShardHost`]: thin handlers, all logic in the host.
+
+use std::sync::Arc;
+
+use shoal_proto::v1;
+use shoal_proto::v1::shard_node_server::ShardNode;
+use tonic::{Request, Response, Status};
+
+use crate::host::ShardHost;
+
+/// Serves `shoal.v1.ShardNode` from a host.
+pub struct ShardNodeService {
+    host: Arc<ShardHost>,
+}
+
+impl ShardNodeService {
+    pub fn new(host: Arc<ShardHost>) -> Self {
+        ShardNodeService { host }
+    }
+}
+
+#[tonic::async_trait]
+impl ShardNode for ShardNodeService {
+    async fn create_shard(&self, r: Request<v1::CreateShardRequest>) -> Result<Response<v1::ShardStats>, Status> {
+        Ok(Response::new(self.host.create_shard(r.into_inner()).await?))
+    }
+
+    async fn drop_shard(&self, r: Request<v1::DropShardRequest>) -> Result<Response<v1::DropShardResponse>, Status> {
+        Ok(Response::new(self.host.drop_shard(r.into_inner()).await?))
+    }
+
+    async fn apply_batch(&self, r: Request<v1::ApplyBatchRequest>) -> Result<Response<v1::ApplyBatchResponse>, Status> {
+        Ok(Response::new(self.host.apply(r.into_inner()).await?))
+    }
+
+    async fn search_shard(&self, r: Request<v1::SearchShardRequest>) -> Result<Response<v1::SearchShardResponse>, Status> {
+        Ok(Response::new(self.host.search(r.into_inner()).await?))
+    }
+
+    async fn get_points(&self, r: Request<v1::GetPointsRequest>) -> Result<Response<v1::GetPointsResponse>, Status> {
+        Ok(Response::new(self.host.get_points(r.into_inner()).await?))
+    }
+
+    async fn get_shard_stats(&self, r: Request<v1::ShardStatsRequest>) -> Result<Response<v1::ShardStats>, Status> {
+        Ok(Response::new(self.host.stats(r.into_inner()).await?))
+    }
+
+    async fn list_shards(&self, _: Request<v1::ListShardsRequest>) -> Result<Response<v1::ListShardsResponse>, Status> {
+        Ok(Response::new(self.host.list().await?))
+    }
+}
