@@ -62,6 +62,11 @@ impl RunningCoordinator {
         health.set_serving::<ShoalServer<ShoalService>>().await;
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(shoal_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // Advertise only what this server serves (the descriptor set also
+        // describes the other side's service).
+        .with_service_name("shoal.v1.Shoal")
+        .with_service_name("grpc.health.v1.Health")
             .build_v1()?;
         let svc = ShoalServer::new(ShoalService::new(Arc::clone(&cluster)))
             .max_decoding_message_size(cfg.max_message_bytes)
@@ -71,7 +76,7 @@ impl RunningCoordinator {
             .add_service(health_service)
             .add_service(reflection)
             .add_service(svc)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            .serve_with_incoming_shutdown(shoal_proto::nodelay(TcpListenerStream::new(listener)), async {
                 let _ = stopped.await;
             });
         let task = tokio::spawn(server);

@@ -9,6 +9,9 @@ pub mod v1 {
 }
 
 mod error;
+mod net;
+
+pub use net::nodelay;
 mod ids;
 
 pub use error::{ErrorCode, ShoalError, oversized_is_resource_exhausted};

@@ -64,6 +64,11 @@ pub async fn serve(
     health.set_serving::<ShardNodeServer<ShardNodeService>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(shoal_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // Advertise only what this server serves (the descriptor set also
+        // describes the other side's service).
+        .with_service_name("shoal.v1.ShardNode")
+        .with_service_name("grpc.health.v1.Health")
         .build_v1()
         .expect("the descriptor set compiled into shoal-proto is valid");
     let svc = ShardNodeServer::new(ShardNodeService::new(host))
@@ -74,6 +79,6 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(svc)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(shoal_proto::nodelay(TcpListenerStream::new(listener)), shutdown)
         .await
 }

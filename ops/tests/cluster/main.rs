@@ -3,5 +3,6 @@
 
 mod bad_requests;
 mod common;
+mod discovery;
 mod durability;
 mod search;
