@@ -99,7 +99,10 @@ async fn dev(data_dir: PathBuf, shard_nodes: usize, port: u16) -> anyhow::Result
     println!("      shoalctl status");
     println!("Ctrl-C stops it (queued batches commit first).");
     tokio::signal::ctrl_c().await?;
-    cluster.shutdown().await
+    println!("stopping: committing queued batches, closing shards");
+    cluster.shutdown().await?;
+    println!("stopped");
+    Ok(())
 }
 
 async fn collections(endpoint: &str, c: Collections) -> anyhow::Result<()> {
