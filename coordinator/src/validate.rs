@@ -56,8 +56,10 @@ pub fn vector(v: &[f32], spec: &v1::ShardSpec, what: impl Display) -> Result<(),
     if spec.metric == v1::Metric::Cosine as i32 && norm_sq.sqrt() < f64::from(f32::MIN_POSITIVE) {
         return Err(ShoalError::invalid(format!("{what}: a zero vector has no direction under the cosine metric")));
     }
-    if spec.metric != v1::Metric::Cosine as i32 && !(norm_sq as f32).is_finite() {
-        return Err(ShoalError::invalid(format!("{what}: the vector's squared length overflows 32-bit floats")));
+    // Euclidean: |a - b|² ≤ 4 max(|a|², |b|²) must stay finite too.
+    let limit = if spec.metric == v1::Metric::Euclidean as i32 { f64::from(f32::MAX) / 4.0 } else { f64::from(f32::MAX) };
+    if spec.metric != v1::Metric::Cosine as i32 && norm_sq > limit {
+        return Err(ShoalError::invalid(format!("{what}: the vector's squared length overflows 32-bit float distances; scale it down")));
     }
     Ok(())
 }

@@ -83,6 +83,9 @@ pub(crate) fn engine_error(e: EngineError) -> ShoalError {
     let code = match &e {
         EngineError::Invalid(_) | EngineError::ParamsMismatch { .. } => ErrorCode::InvalidArgument,
         EngineError::NotFound { .. } => ErrorCode::NotFound,
+        EngineError::ResizeBlocked { .. } => {
+            return ShoalError::unavailable(e.to_string(), std::time::Duration::from_secs(1));
+        }
         EngineError::MapSizeLimit { .. } | EngineError::DiskFull { .. } | EngineError::IdSpaceExhausted { .. } => {
             ErrorCode::ResourceExhausted
         }

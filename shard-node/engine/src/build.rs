@@ -82,7 +82,19 @@ impl Overlay {
     }
 
     pub(crate) fn level_of_new(&self, id: u32) -> u8 {
-        self.levels[(id - self.first_new) as usize]
+        self.levels.get((id - self.first_new) as usize).copied().unwrap_or(0)
+    }
+
+    /// The list of new node `id` on `level`. An id past the batch or a level
+    /// above the node's can only come from a corrupt link list.
+    fn new_list(&self, store: &Store, id: u32, level: u8) -> Result<&Mutex<Vec<u32>>> {
+        self.new_links
+            .get((id - self.first_new) as usize)
+            .and_then(|levels| levels.get(level as usize))
+            .ok_or_else(|| Error::Corrupt {
+                path: store.path.clone(),
+                detail: format!("a link list names node {id} on level {level}, which does not exist"),
+            })
     }
 
     fn bit(&self, id: u32) -> (&AtomicU64, u64) {
@@ -93,7 +105,7 @@ impl Overlay {
     /// existing node's list from `base` on first touch.
     fn list_mut<'o>(&'o self, base: &mut TxnView<'_>, id: u32, level: u8) -> Result<ListGuard<'o>> {
         if self.is_new(id) {
-            return Ok(ListGuard::New(self.new_links[(id - self.first_new) as usize][level as usize].lock()));
+            return Ok(ListGuard::New(self.new_list(base.store(), id, level)?.lock()));
         }
         let key = (level, id);
         let existing = self.touched.get(&key).map(|r| Arc::clone(&r));
@@ -158,7 +170,7 @@ impl<'t> Graph<'t> for BuildView<'t> {
     fn links(&mut self, id: u32, level: u8, out: &mut Vec<u32>) -> Result<()> {
         let ov = self.overlay;
         if ov.is_new(id) {
-            let list = ov.new_links[(id - ov.first_new) as usize][level as usize].lock();
+            let list = ov.new_list(self.base.store(), id, level)?.lock();
             out.clear();
             out.extend_from_slice(&list);
             return Ok(());
@@ -191,6 +203,8 @@ pub(crate) struct BuildCtx<'a> {
     pub(crate) overlay: &'a Overlay,
     /// True if the graph holds tombstones (old, or retired by this batch).
     pub(crate) has_tombstones: bool,
+    /// Live points once the batch commits.
+    pub(crate) live: u64,
     /// Per-thread pointer cache budget.
     pub(crate) cache_budget: usize,
     /// Vector addresses shared across threads and transactions.
@@ -296,7 +310,9 @@ impl BuildCtx<'_> {
         for l in (level.saturating_add(1)..=top).rev() {
             best = greedy_closest(view, &mut w.scratch, metric, query, best, l)?;
         }
-        let ef = (self.params.ef_construction as usize).max(self.params.m as usize);
+        // Never longer than the live point count: with mostly tombstones,
+        // a longer list could only be filled by visiting every node.
+        let ef = (self.params.ef_construction as usize).max(self.params.m as usize).min(self.live.max(1) as usize);
         w.entry.clear();
         w.entry.push(best);
         w.back.clear();

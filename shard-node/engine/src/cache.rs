@@ -164,6 +164,9 @@ pub(crate) struct SharedTable {
     dirs: Box<[std::sync::OnceLock<Box<[std::sync::OnceLock<Box<[AtomicUsize]>>]>>]>,
     chunks: AtomicUsize,
     max_chunks: usize,
+    /// Ids this close to the newest committed one are never shared (they
+    /// may sit on the still-changing last leaf page; see `view`).
+    lag: u32,
 }
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -174,12 +177,17 @@ const DIR_CHUNKS: usize = 1024;
 impl SharedTable {
     /// A table that allocates at most about `budget_bytes` of entries; ids
     /// beyond the budget are simply not remembered.
-    pub(crate) fn with_budget(budget_bytes: usize) -> Self {
+    pub(crate) fn with_budget(budget_bytes: usize, lag: u32) -> Self {
         SharedTable {
             dirs: (0..DIR_SLOTS).map(|_| std::sync::OnceLock::new()).collect(),
             chunks: AtomicUsize::new(0),
             max_chunks: budget_bytes / (CHUNK * size_of::<usize>()),
+            lag,
         }
+    }
+
+    pub(crate) fn lag(&self) -> u32 {
+        self.lag
     }
 
     fn split(id: u32) -> (usize, usize, usize) {
@@ -197,21 +205,27 @@ impl SharedTable {
         }
     }
 
-    /// Remembers `addr` for `id` (if the budget allows).
-    pub(crate) fn set(&self, id: u32, addr: usize) {
+    /// Remembers `addr` for `id`; false if the budget is spent (the caller
+    /// then keeps the address itself).
+    pub(crate) fn set(&self, id: u32, addr: usize) -> bool {
         let (d, c, e) = Self::split(id);
         let dir = self.dirs[d].get_or_init(|| (0..DIR_CHUNKS).map(|_| std::sync::OnceLock::new()).collect());
         let chunk = match dir[c].get() {
             Some(chunk) => chunk,
             None => {
-                if self.chunks.fetch_add(1, Ordering::Relaxed) >= self.max_chunks {
-                    self.chunks.fetch_sub(1, Ordering::Relaxed);
-                    return;
+                if self.chunks.load(Ordering::Relaxed) >= self.max_chunks {
+                    return false;
                 }
-                dir[c].get_or_init(|| (0..CHUNK).map(|_| AtomicUsize::new(0)).collect())
+                // Counted inside the initialiser, so a thread that loses the
+                // race to create the chunk does not count it twice.
+                dir[c].get_or_init(|| {
+                    self.chunks.fetch_add(1, Ordering::Relaxed);
+                    (0..CHUNK).map(|_| AtomicUsize::new(0)).collect()
+                })
             }
         };
         chunk[e].store(addr, Ordering::Relaxed);
+        true
     }
 
     /// Forgets everything. Callers guarantee no other thread uses the table.
@@ -234,11 +248,11 @@ mod shared_tests {
 
     #[test]
     fn shared_table_stores_across_the_whole_id_range_within_budget() {
-        let mut t = SharedTable::with_budget(2 * CHUNK * 8);
-        t.set(3, 30);
-        t.set(u32::MAX, 7);
+        let mut t = SharedTable::with_budget(2 * CHUNK * 8, 3);
+        assert!(t.set(3, 30));
+        assert!(t.set(u32::MAX, 7));
         assert_eq!((t.get(3), t.get(u32::MAX), t.get(4)), (30, 7, 0));
-        t.set(5 << 20, 1); // third chunk: over budget, ignored
+        assert!(!t.set(5 << 20, 1)); // third chunk: over budget, refused
         assert_eq!(t.get(5 << 20), 0);
         t.clear();
         assert_eq!(t.get(3), 0);

@@ -58,6 +58,17 @@ pub enum Error {
         limit: u64,
     },
 
+    /// The map had to grow, and read transactions stayed open for longer
+    /// than the resize waits; nothing was committed. Retry; if it persists,
+    /// look for snapshots held open.
+    #[error("index at {path} could not grow its map: read transactions stayed open for {waited:?}; retry the batch")]
+    ResizeBlocked {
+        /// Directory of the environment.
+        path: PathBuf,
+        /// How long the resize waited.
+        waited: std::time::Duration,
+    },
+
     /// The device is full; the batch was not committed.
     #[error("no space left on the device holding {path}; the batch was not applied")]
     DiskFull {

@@ -50,6 +50,10 @@ pub struct IndexOptions {
     pub max_readers: u32,
     /// Idle search sessions kept for reuse. Default 64.
     pub max_idle_sessions: usize,
+    /// How long growing the map waits for open read transactions (snapshots,
+    /// searches) before the batch fails with [`Error::ResizeBlocked`].
+    /// Searches keep running meanwhile. Default 30 s.
+    pub resize_wait: Duration,
     /// Budget for the vector addresses all threads share across commits
     /// (8 bytes per vector). Default 256 MiB, enough for 32M vectors.
     pub shared_cache_bytes: usize,
@@ -69,6 +73,7 @@ impl Default for IndexOptions {
             max_readers: 512,
             max_idle_sessions: 64,
             shared_cache_bytes: 256 << 20,
+            resize_wait: Duration::from_secs(30),
         }
     }
 }
@@ -157,7 +162,8 @@ impl Index {
                     .map_err(|e| Error::Io { path: path.to_owned(), source: std::io::Error::other(e) })?,
             )),
         };
-        let shared = SharedTable::with_budget(opts.shared_cache_bytes);
+        let lag = codec::vectors_per_leaf(params.vector_bytes(), store.page_size() as usize) as u32 + 1;
+        let shared = SharedTable::with_budget(opts.shared_cache_bytes, lag);
         Ok(Index {
             store,
             params,
@@ -184,6 +190,10 @@ impl Index {
                     codec::ParamsDecodeError::Malformed => {
                         Error::Corrupt { path: store.path.clone(), detail: "index parameters are malformed".into() }
                     }
+                })?;
+                found.validate().map_err(|e| Error::Corrupt {
+                    path: store.path.clone(),
+                    detail: format!("stored index parameters are invalid: {e}"),
                 })?;
                 if let Missing::Create(requested) = missing
                     && requested != found
@@ -273,12 +283,15 @@ impl Index {
         if next > u64::from(u32::MAX) {
             return Err(Attempt::Failed(Error::IdSpaceExhausted { used: u64::from(state.next_id), max: u64::from(u32::MAX) }));
         }
+        let live = (state.live + plan.inserts.len() as u64).checked_sub(plan.tombstones.len() as u64).ok_or_else(|| {
+            Error::Corrupt { path: store.path.clone(), detail: format!("{} live points, but {} to retire", state.live, plan.tombstones.len()) }
+        })?;
         let levels = self.write_points(&mut wtxn, &plan, state.next_id)?;
-        let entry = self.link(&mut wtxn, &plan, &state, levels, shared)?;
+        let entry = self.link(&mut wtxn, &plan, &state, levels, shared, live)?;
         let new_state = State {
             next_id: next as u32,
             entry,
-            live: state.live - plan.tombstones.len() as u64 + plan.inserts.len() as u64,
+            live,
             tombstones: state.tombstones + plan.tombstones.len() as u64,
         };
         let put = |w: &mut RwTxn<'_>, db: store::Db, k: &[u8], v: &[u8]| db.put(w, k, v).map_err(|e| attempt(store, e));
@@ -345,6 +358,7 @@ impl Index {
         state: &State,
         levels: Vec<u8>,
         shared: &SharedTable,
+        live: u64,
     ) -> Result<Option<(u32, u8)>, Attempt> {
         let first_new = state.next_id;
         let mut entry = state.entry;
@@ -372,8 +386,9 @@ impl Index {
             params: &self.params,
             overlay: &overlay,
             has_tombstones: state.tombstones > 0 || !plan.tombstones.is_empty(),
+            live,
             cache_budget: self.opts.cache_budget_bytes,
-            frozen: FrozenVectors::new(shared, first_new, self.params.vector_bytes()),
+            frozen: FrozenVectors::new(shared, first_new),
         };
         let pool = self.pool.as_deref();
         if !plan.tombstones.is_empty() {
@@ -467,12 +482,20 @@ impl Index {
     fn grow_map(&self) -> Result<()> {
         let new_size = self.store.next_map_size()?;
         // LMDB may only remap with no transaction open in the process: wait
-        // for searches to finish. A snapshot held for long blocks this.
-        let Some(mut exclusive) = self.resize.try_write_for(Duration::from_secs(30)) else {
-            return Err(Error::Storage {
-                path: self.store.path.clone(),
-                source: heed::Error::Mdb(heed::MdbError::MapFull),
-            });
+        // for searches to finish. Polling `try_write` instead of queueing as
+        // a writer keeps new searches flowing meanwhile (a fair lock would
+        // park every reader behind the waiting resize).
+        let deadline = std::time::Instant::now() + self.opts.resize_wait;
+        let mut pause = Duration::from_micros(50);
+        let mut exclusive = loop {
+            if let Some(guard) = self.resize.try_write() {
+                break guard;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::ResizeBlocked { path: self.store.path.clone(), waited: self.opts.resize_wait });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
         };
         self.sessions.lock().clear();
         // The remap may move the map: every shared vector address goes stale.
@@ -506,6 +529,7 @@ impl Index {
     /// The highest offset applied for `source`, if any: where an ingest job
     /// resumes.
     pub fn offset(&self, source: &str) -> Result<Option<u64>> {
+        check_source(source)?;
         self.snapshot()?.offset(source)
     }
 
@@ -591,6 +615,7 @@ impl Snapshot<'_> {
 
     /// Highest applied offset of `source`.
     pub fn offset(&self, source: &str) -> Result<Option<u64>> {
+        check_source(source)?;
         self.session.offset(&self.index.store, source)
     }
 
@@ -609,6 +634,13 @@ impl Snapshot<'_> {
     pub fn cache_bytes(&self) -> usize {
         self.session.cache_bytes() + self.shared.bytes()
     }
+}
+
+fn check_source(source: &str) -> Result<(), InvalidInput> {
+    if source.is_empty() || source.len() > crate::batch::MAX_SOURCE_BYTES {
+        return Err(InvalidInput::BadSourceName { len: source.len(), max: crate::batch::MAX_SOURCE_BYTES });
+    }
+    Ok(())
 }
 
 /// Why one write attempt stopped.

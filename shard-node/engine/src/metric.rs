@@ -92,7 +92,9 @@ impl Metric {
             // Below f32's smallest normal the normalised vector loses its
             // direction to rounding: treat it as zero.
             Metric::Cosine if norm_sq.sqrt() < f64::from(f32::MIN_POSITIVE) => Err(VectorError::ZeroVector),
-            Metric::Dot | Metric::Euclidean if !(norm_sq as f32).is_finite() => Err(VectorError::Overflow),
+            Metric::Dot if !(norm_sq as f32).is_finite() => Err(VectorError::Overflow),
+            // |a - b|² ≤ 4 max(|a|², |b|²): keep every distance finite.
+            Metric::Euclidean if norm_sq > f64::from(f32::MAX) / 4.0 => Err(VectorError::Overflow),
             Metric::Cosine | Metric::Dot | Metric::Euclidean => Ok(()),
         }
     }
@@ -211,6 +213,10 @@ mod tests {
         assert_eq!(m.validate(&[0.0, 0.0, 0.0], 3), Err(VectorError::ZeroVector));
         assert_eq!(Metric::Euclidean.validate(&[0.0, 0.0, 0.0], 3), Ok(()));
         assert_eq!(Metric::Dot.validate(&[3e38, 3e38, 0.0], 3), Err(VectorError::Overflow));
+        assert_eq!(Metric::Euclidean.validate(&[1.3e19, 0.0, 0.0], 3), Err(VectorError::Overflow));
+        assert_eq!(Metric::Euclidean.validate(&[9e18, 0.0, 0.0], 3), Ok(()));
+        let (a, b) = ([9e18f32, 0.0, 0.0], [-9e18f32, 0.0, 0.0]);
+        assert!(Metric::Euclidean.distance(&a, &b).is_finite());
         assert_eq!(m.validate(&[3e38, 3e38, 0.0], 3), Ok(()));
         let mut big = vec![3e38, 3e38, 0.0];
         m.prepare(&mut big);

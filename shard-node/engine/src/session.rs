@@ -95,7 +95,7 @@ impl Session {
     }
 
     fn view<'s>(&'s mut self, store: &'s Store, shared: &'s SharedTable, params: &IndexParams) -> TxnView<'s> {
-        let frozen = FrozenVectors::new(shared, self.state.next_id, params.vector_bytes());
+        let frozen = FrozenVectors::new(shared, self.state.next_id);
         // SAFETY: `self.cache` only ever receives pointers read through
         // `self.txn`: it is created with the session and never shared; and
         // `frozen` is derived from the state this txn reads.
@@ -116,8 +116,11 @@ impl Session {
         };
         let metric = params.metric;
         let skip = self.state.tombstones > 0;
-        let ef = sp.ef.max(sp.k);
-        let frozen = FrozenVectors::new(shared, self.state.next_id, params.vector_bytes());
+        // Capped at the live count: results can never hold more, and with
+        // many tombstones a longer list would only be filled by visiting
+        // every node.
+        let ef = sp.ef.max(sp.k).min(self.state.live.max(1) as usize);
+        let frozen = FrozenVectors::new(shared, self.state.next_id);
         let Session { cache, scratch, found, txn, .. } = self;
         // SAFETY: `cache` only ever receives pointers read through `txn`: it
         // is created with the session and never shared; `frozen` is derived

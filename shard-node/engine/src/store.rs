@@ -120,6 +120,15 @@ impl Store {
         Ok(round_up(now.saturating_mul(2).min(self.max_map_size), page_size()).max(now + page_size()))
     }
 
+    /// The environment's page size (fixed when it was created).
+    pub(crate) fn page_size(&self) -> u32 {
+        self.env
+            .read_txn()
+            .ok()
+            .and_then(|t| self.dbs.meta.stat(&t).ok())
+            .map_or(page_size() as u32, |s| s.page_size)
+    }
+
     /// Bytes the environment occupies on disk (the data file).
     pub(crate) fn disk_bytes(&self) -> u64 {
         std::fs::metadata(self.path.join("data.mdb")).map(|m| m.len()).unwrap_or(0)

@@ -84,9 +84,8 @@ pub(crate) struct FrozenVectors<'a> {
 
 impl<'a> FrozenVectors<'a> {
     /// The frozen range of a committed state whose next id is `next_id`.
-    pub(crate) fn new(table: &'a SharedTable, next_id: u32, vector_bytes: usize) -> Self {
-        let lag = codec::vectors_per_leaf(vector_bytes) as u32 + 1;
-        FrozenVectors { table, below: next_id.saturating_sub(lag) }
+    pub(crate) fn new(table: &'a SharedTable, next_id: u32) -> Self {
+        FrozenVectors { table, below: next_id.saturating_sub(table.lag()) }
     }
 }
 
@@ -127,6 +126,10 @@ impl<'t> TxnView<'t> {
         }
     }
 
+    pub(crate) fn store(&self) -> &'t Store {
+        self.store
+    }
+
     fn corrupt(&self, detail: String) -> Error {
         Error::Corrupt { path: self.store.path.clone(), detail }
     }
@@ -162,15 +165,17 @@ impl<'t> TxnView<'t> {
             if addr != 0 {
                 return Ok(addr as *const f32);
             }
-        } else if let Some(p) = self.cache.vectors.get(id).get() {
+        }
+        // Recent ids, and frozen ones the shared table had no room for.
+        if let Some(p) = self.cache.vectors.get(id).get() {
             return Ok(p.cast());
         }
         let p = self.fetch(self.store.dbs.vectors, &codec::id_key(id), self.vector_bytes, "vector", id)?;
         let addr = p as usize;
         if let Some(f) = frozen
             && addr.is_multiple_of(align_of::<f32>())
+            && f.table.set(id, addr)
         {
-            f.table.set(id, addr);
             return Ok(p.cast());
         }
         let p = if (p as usize).is_multiple_of(align_of::<f32>()) {

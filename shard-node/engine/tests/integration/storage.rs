@@ -59,7 +59,9 @@ struct Unmount(std::path::PathBuf);
 
 impl Drop for Unmount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
+        // Lazy: the mount goes as soon as nothing uses it, even if a file
+        // handle is still being closed.
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
 

@@ -179,3 +179,73 @@ fn upserts_replace_and_deletes_remove_without_losing_recall() {
     let recall = found as f64 / (10 * n_queries) as f64;
     assert!(recall >= 0.9, "recall@10 {recall} after churn");
 }
+
+#[test]
+fn a_resize_blocked_by_a_snapshot_fails_the_batch_without_stalling_searches() {
+    let mut rng = rng("a_resize_blocked_by_a_snapshot_fails_the_batch_without_stalling_searches");
+    let opts = IndexOptions {
+        initial_map_size: 1 << 20,
+        resize_wait: std::time::Duration::from_millis(1500),
+        ..test_options()
+    };
+    let fx = std::sync::Arc::new(Fixture::with(IndexParams::new(64, Metric::Cosine), opts));
+    fx.index.apply(random_batch(&mut rng, 64, 0..100)).unwrap();
+    let snapshot = fx.index.snapshot().unwrap();
+    // Searches from another thread keep answering while the writer waits.
+    let searcher = {
+        let fx = std::sync::Arc::clone(&fx);
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            let mut n = 0;
+            while started.elapsed() < std::time::Duration::from_millis(1000) {
+                let t = std::time::Instant::now();
+                fx.index.search(&[0.5; 64], SearchParams::new(5, 16)).unwrap();
+                // Generous: a search takes microseconds; a reader parked
+                // behind the waiting resize would take the full 1.5 s.
+                assert!(t.elapsed() < std::time::Duration::from_millis(750), "a search stalled behind the resize");
+                n += 1;
+            }
+            n
+        })
+    };
+    let err = fx.index.apply(random_batch(&mut rng, 64, 1000..8000)).unwrap_err();
+    assert!(matches!(err, Error::ResizeBlocked { .. }), "{err}");
+    assert!(searcher.join().unwrap() > 0);
+    assert_eq!(fx.index.stats().unwrap().live, 100);
+    drop(snapshot);
+    fx.index.apply(random_batch(&mut rng, 64, 1000..8000)).unwrap();
+    assert_eq!(fx.index.stats().unwrap().live, 7100);
+}
+
+#[test]
+fn without_room_in_the_shared_cache_results_are_the_same() {
+    let mut rng = rng("without_room_in_the_shared_cache_results_are_the_same");
+    let a = Fixture::new(16, Metric::Euclidean);
+    let b = Fixture::with(IndexParams::new(16, Metric::Euclidean), IndexOptions { shared_cache_bytes: 0, build_threads: 1, ..test_options() });
+    let a1 = Fixture::with(IndexParams::new(16, Metric::Euclidean), IndexOptions { build_threads: 1, ..test_options() });
+    for round in 0..4u64 {
+        let batch = random_batch(&mut rng, 16, round * 500..round * 500 + 500);
+        a.index.apply(batch.clone()).unwrap();
+        b.index.apply(batch.clone()).unwrap();
+        a1.index.apply(batch).unwrap();
+    }
+    for _ in 0..20 {
+        let q = random_vector(&mut rng, 16);
+        // Single-threaded builds are deterministic: same graph, same answers.
+        assert_eq!(b.index.search(&q, SearchParams::new(10, 50)).unwrap(), a1.index.search(&q, SearchParams::new(10, 50)).unwrap());
+        assert_eq!(a.index.search(&q, SearchParams::new(10, 50)).unwrap().len(), 10);
+    }
+}
+
+#[test]
+fn mostly_deleted_indexes_still_answer_with_every_live_point() {
+    let mut rng = rng("mostly_deleted_indexes_still_answer_with_every_live_point");
+    let fx = Fixture::new(8, Metric::Cosine);
+    fx.index.apply(random_batch(&mut rng, 8, 0..2000)).unwrap();
+    fx.index.apply(Batch { ops: (5..2000).map(Op::Delete).collect(), source: None }).unwrap();
+    let hits = fx.index.search(&random_vector(&mut rng, 8), SearchParams::new(10, 64)).unwrap();
+    let mut ids: Vec<u64> = hits.iter().map(|h| h.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![0, 1, 2, 3, 4]);
+    assert!(matches!(fx.index.offset(""), Err(Error::Invalid(shoal_engine::InvalidInput::BadSourceName { .. }))));
+}
