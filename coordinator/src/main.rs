@@ -44,13 +44,8 @@ async fn main() -> anyhow::Result<()> {
     let cfg: CoordinatorConfig = fig.merge(Env::prefixed("SHOAL_COORD_").split("__")).merge(Serialized::globals(&cli)).extract()?;
     let coord = RunningCoordinator::start(&cfg).await?;
     println!("coordinator listening on {} ({} shard nodes)", coord.addr, cfg.shard_nodes.len());
-    shutdown_signal().await;
+    shoal_proto::shutdown_signal().await;
     println!("shutting down: finishing in-flight requests");
     coord.shutdown().await
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
-}

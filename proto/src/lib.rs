@@ -11,7 +11,7 @@ pub mod v1 {
 mod error;
 mod net;
 
-pub use net::nodelay;
+pub use net::{nodelay, shutdown_signal};
 mod ids;
 
 pub use error::{ErrorCode, ShoalError, oversized_is_resource_exhausted};

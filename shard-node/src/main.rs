@@ -39,18 +39,8 @@ async fn main() -> anyhow::Result<()> {
     let cfg: ShardNodeConfig = fig.merge(Env::prefixed("SHOAL_SHARD_").split("__")).merge(Serialized::globals(&cli)).extract()?;
     let node = RunningShardNode::start(&cfg).await?;
     println!("shard node {} listening on {}", cfg.node_id, node.addr);
-    shutdown_signal().await;
+    shoal_proto::shutdown_signal().await;
     println!("shutting down: finishing queued batches");
     node.shutdown().await
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-}
