@@ -103,15 +103,16 @@ pub struct IndexStats {
 /// [`Index::apply_group`] call is one atomic commit. Searches run from any
 /// number of threads on committed snapshots and never wait for writers.
 pub struct Index {
-    store: Store,
-    params: IndexParams,
+    pub(crate) store: Store,
+    pub(crate) params: IndexParams,
     opts: IndexOptions,
     pool: Option<Arc<rayon::ThreadPool>>,
-    writer: Mutex<()>,
+    /// Serialises writers; also held by `copy` to pin the commit it copies.
+    pub(crate) writer: Mutex<()>,
     /// Held shared by every user of a transaction; taken exclusively to grow
     /// the map, which LMDB allows only with no transaction open. It guards
     /// the shared vector addresses, which the remap invalidates.
-    resize: RwLock<SharedTable>,
+    pub(crate) resize: RwLock<SharedTable>,
     sessions: Mutex<Vec<Session>>,
     generation: AtomicU64,
 }

@@ -28,6 +28,7 @@ mod batch;
 mod build;
 mod cache;
 mod codec;
+mod copy;
 mod error;
 mod hnsw;
 mod index;
@@ -39,6 +40,7 @@ mod store;
 mod view;
 
 pub use batch::{Batch, BatchOutcome, MAX_SOURCE_BYTES, Op, Point, SourceOffset};
+pub use copy::{CopyInfo, CopyMode};
 pub use error::{Error, InvalidInput, Location, Result};
 pub use index::{Index, IndexOptions, IndexStats, Snapshot};
 pub use metric::{Metric, VectorError};

@@ -166,17 +166,7 @@ impl Session {
 
     /// Every source with its highest applied offset, sorted by name.
     pub(crate) fn offsets(&self, store: &Store) -> Result<Vec<(String, u64)>> {
-        let mut out = Vec::new();
-        for item in store.dbs.offsets.iter(&self.txn).map_err(|e| store.err(e))? {
-            let (k, v) = item.map_err(|e| store.err(e))?;
-            let name = String::from_utf8_lossy(k).into_owned();
-            let offset = decode_offset(v).ok_or_else(|| Error::Corrupt {
-                path: store.path.clone(),
-                detail: format!("offset of source {name} is malformed"),
-            })?;
-            out.push((name, offset));
-        }
-        Ok(out)
+        offsets(store, &self.txn)
     }
 
     /// Pointers copied because LMDB misaligned them (expected: none).
@@ -223,6 +213,21 @@ pub(crate) fn read_offset(store: &Store, txn: &RoTxn<'_, WithoutTls>, source: &s
             detail: format!("offset of source {source} is malformed"),
         }),
     }
+}
+
+/// Every source with its highest applied offset, sorted by name.
+pub(crate) fn offsets(store: &Store, txn: &RoTxn<'_, WithoutTls>) -> Result<Vec<(String, u64)>> {
+    let mut out = Vec::new();
+    for item in store.dbs.offsets.iter(txn).map_err(|e| store.err(e))? {
+        let (k, v) = item.map_err(|e| store.err(e))?;
+        let name = String::from_utf8_lossy(k).into_owned();
+        let offset = decode_offset(v).ok_or_else(|| Error::Corrupt {
+            path: store.path.clone(),
+            detail: format!("offset of source {name} is malformed"),
+        })?;
+        out.push((name, offset));
+    }
+    Ok(out)
 }
 
 fn decode_offset(b: &[u8]) -> Option<u64> {

@@ -4,6 +4,7 @@
 mod bad_input;
 mod common;
 mod concurrency;
+mod copy;
 mod model;
 mod storage;
 mod transactions;
