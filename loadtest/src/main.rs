@@ -3,6 +3,7 @@
 
 mod cluster_bench;
 mod compare;
+mod disk_bench;
 mod fvecs;
 mod groundtruth;
 mod index_bench;
@@ -26,6 +27,9 @@ enum Command {
     ClusterBench(cluster_bench::Args),
     /// Print index-bench JSON files (ours and the peers') side by side.
     Compare(compare::Args),
+    /// Cold-cache cost of inserts and searches: faults, bytes read, pages
+    /// touched per database (issue 8; docs/network-disks.md).
+    DiskBench(disk_bench::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,5 +37,6 @@ fn main() -> anyhow::Result<()> {
         Command::IndexBench(a) => index_bench::run(a),
         Command::Compare(a) => compare::run(a),
         Command::ClusterBench(a) => cluster_bench::run(a),
+        Command::DiskBench(a) => disk_bench::run(a),
     }
 }
