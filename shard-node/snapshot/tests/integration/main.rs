@@ -1,0 +1,11 @@
+//! The snapshot library against real parts: real LMDB environments through
+//! the engine, and every test against each backend (local files, and a real
+//! S3-compatible server when `SHOAL_TEST_S3_ENDPOINT` is set, which
+//! `ops/test.sh` always does).
+
+mod common;
+mod conformance;
+mod damage;
+mod disk_full;
+mod incremental;
+mod under_ingest;
