@@ -2,6 +2,7 @@
 //! binary keeps link time down).
 
 mod bad_input;
+mod cold_pages;
 mod common;
 mod concurrency;
 mod copy;
