@@ -55,4 +55,9 @@ impl ShardClient {
     forward!(get_points, v1::GetPointsRequest, v1::GetPointsResponse);
     forward!(get_shard_stats, v1::ShardStatsRequest, v1::ShardStats);
     forward!(list_shards, v1::ListShardsRequest, v1::ListShardsResponse);
+    forward!(snapshot_shard, v1::SnapshotShardRequest, v1::SnapshotInfo);
+    forward!(restore_shard, v1::RestoreShardRequest, v1::ShardStats);
+    forward!(list_snapshots, v1::ListSnapshotsRequest, v1::ListSnapshotsResponse);
+    forward!(prune_snapshots, v1::PruneSnapshotsRequest, v1::PruneSnapshotsResponse);
+    forward!(get_snapshot_progress, v1::SnapshotProgressRequest, v1::SnapshotProgressResponse);
 }

@@ -36,19 +36,19 @@ impl Default for ClusterOptions {
 }
 
 /// What came back from a scatter.
-struct Gathered<T> {
-    answers: Vec<(u32, T)>,
-    failures: Vec<(u32, NodeId, ShoalError)>,
+pub(crate) struct Gathered<T> {
+    pub(crate) answers: Vec<(u32, T)>,
+    pub(crate) failures: Vec<(u32, NodeId, ShoalError)>,
 }
 
 /// The cluster as one coordinator sees it.
 pub struct Cluster {
-    meta: Arc<dyn MetadataStore>,
+    pub(crate) meta: Arc<dyn MetadataStore>,
     clients: HashMap<NodeId, ShardClient>,
     opts: ClusterOptions,
 }
 
-fn retry_hint(mut e: ShoalError) -> ShoalError {
+pub(crate) fn retry_hint(mut e: ShoalError) -> ShoalError {
     if e.code == ErrorCode::Unavailable && e.retry_after.is_none() {
         e.retry_after = Some(Duration::from_secs(1));
     }
@@ -64,16 +64,16 @@ impl Cluster {
         &self.opts
     }
 
-    fn client(&self, node: &NodeId) -> Result<&ShardClient, ShoalError> {
+    pub(crate) fn client(&self, node: &NodeId) -> Result<&ShardClient, ShoalError> {
         self.clients.get(node).ok_or_else(|| ShoalError::internal(format!("node {node} is not a member")))
     }
 
-    fn collection(&self, name: &str) -> Result<Collection, ShoalError> {
+    pub(crate) fn collection(&self, name: &str) -> Result<Collection, ShoalError> {
         let name = CollectionName::parse(name)?;
         self.meta.collection(&name).ok_or_else(|| ShoalError::not_found(format!("collection {name} does not exist")))
     }
 
-    fn shard_id(c: &Collection, shard: u32) -> Option<v1::ShardId> {
+    pub(crate) fn shard_id(c: &Collection, shard: u32) -> Option<v1::ShardId> {
         Some(v1::ShardId { collection: c.name.to_string(), shard })
     }
 
@@ -220,7 +220,7 @@ impl Cluster {
     }
 
     /// Calls `f` for every shard of `c` concurrently, each under `timeout`.
-    async fn scatter<T, F, Fut>(&self, c: &Collection, timeout: Duration, f: F) -> Gathered<T>
+    pub(crate) async fn scatter<T, F, Fut>(&self, c: &Collection, timeout: Duration, f: F) -> Gathered<T>
     where
         F: Fn(ShardClient, Option<v1::ShardId>) -> Fut,
         Fut: Future<Output = Result<T, ShoalError>>,

@@ -10,6 +10,7 @@ pub mod metadata;
 pub mod routing;
 pub mod server;
 pub mod service;
+pub mod snapshots;
 pub mod validate;
 
 pub use cluster::{Cluster, ClusterOptions};

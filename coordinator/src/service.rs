@@ -129,4 +129,27 @@ impl Shoal for ShoalService {
     async fn cluster_status(&self, _: Request<v1::ClusterStatusRequest>) -> Result<Response<v1::ClusterStatusResponse>, Status> {
         Ok(Response::new(self.cluster.status().await))
     }
+
+    async fn create_snapshot(&self, r: Request<v1::CreateSnapshotRequest>) -> Result<Response<v1::CreateSnapshotResponse>, Status> {
+        Ok(Response::new(self.cluster.create_snapshot(r.into_inner()).await?))
+    }
+
+    async fn list_snapshots(&self, r: Request<v1::ListSnapshotsRequest>) -> Result<Response<v1::ListSnapshotsResponse>, Status> {
+        Ok(Response::new(self.cluster.list_snapshots(r.into_inner()).await?))
+    }
+
+    async fn restore_snapshot(&self, r: Request<v1::RestoreSnapshotRequest>) -> Result<Response<v1::RestoreSnapshotResponse>, Status> {
+        Ok(Response::new(self.cluster.restore_snapshot(r.into_inner()).await?))
+    }
+
+    async fn prune_snapshots(&self, r: Request<v1::PruneSnapshotsRequest>) -> Result<Response<v1::PruneSnapshotsResponse>, Status> {
+        Ok(Response::new(self.cluster.prune_snapshots(r.into_inner()).await?))
+    }
+
+    async fn get_snapshot_progress(
+        &self,
+        r: Request<v1::GetSnapshotProgressRequest>,
+    ) -> Result<Response<v1::SnapshotProgressResponse>, Status> {
+        Ok(Response::new(self.cluster.snapshot_progress(r.into_inner()).await?))
+    }
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use shoal_coordinator::config::ShardNodeEntry;
 use shoal_coordinator::{CoordinatorConfig, RunningCoordinator};
 use shoal_proto::v1::shoal_client::ShoalClient;
-use shoal_shard_node::config::EngineConfig;
+use shoal_shard_node::config::{EngineConfig, SnapshotConfig};
 use shoal_shard_node::{RunningShardNode, ShardNodeConfig};
 use tonic::transport::Channel;
 
@@ -23,14 +23,21 @@ pub struct EmbeddedConfig {
     /// Port of shard node 0 (node i gets this + i); 0 picks free ports.
     pub first_shard_port: u16,
     pub engine: EngineConfig,
+    /// Every node uses the same store, so a shard snapshotted on one node
+    /// restores on any other.
+    pub snapshot: SnapshotConfig,
     pub coordinator: CoordinatorConfig,
 }
 
 impl EmbeddedConfig {
     /// Free loopback ports, `n` nodes, data under `data_dir`.
+    /// Snapshots go to `<data_dir>/snapshots`.
     pub fn ephemeral(data_dir: impl Into<PathBuf>, shard_nodes: usize) -> Self {
+        let data_dir: PathBuf = data_dir.into();
+        let snapshot = SnapshotConfig { url: data_dir.join("snapshots").to_string_lossy().into_owned(), ..SnapshotConfig::default() };
         EmbeddedConfig {
-            data_dir: data_dir.into(),
+            snapshot,
+            data_dir,
             shard_nodes,
             coordinator_listen: "127.0.0.1:0".parse().expect("literal address"),
             first_shard_port: 0,
@@ -46,6 +53,7 @@ impl EmbeddedConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], port)),
             data_dir: self.data_dir.join(format!("shard-{i}")),
             engine: self.engine.clone(),
+            snapshot: self.snapshot.clone(),
             ..ShardNodeConfig::default()
         }
     }

@@ -6,3 +6,4 @@ pub mod ctl;
 pub mod demo;
 pub mod demo_data;
 pub mod embedded;
+pub mod snapshots;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use shoal_ops::embedded::{EmbeddedCluster, EmbeddedConfig};
-use shoal_ops::{ctl, demo};
+use shoal_ops::{ctl, demo, snapshots};
 use shoal_proto::v1;
 
 #[derive(Parser)]
@@ -37,6 +37,9 @@ enum Command {
     /// Manage collections.
     #[command(subcommand)]
     Collections(Collections),
+    /// Snapshots to object storage: create, list, restore, prune.
+    #[command(subcommand)]
+    Snapshot(snapshots::SnapshotCommand),
     /// Write the gRPC file descriptor set (for `grpcurl -protoset`).
     ProtoDescriptor {
         #[arg(long, short, default_value = "shoal.protoset")]
@@ -75,6 +78,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Dev { data_dir, shard_nodes, port } => dev(data_dir, shard_nodes, port).await,
         Command::Status => ctl::status(&cli.endpoint).await,
         Command::Collections(c) => collections(&cli.endpoint, c).await,
+        Command::Snapshot(c) => snapshots::run(&cli.endpoint, c).await,
         Command::ProtoDescriptor { output } => {
             std::fs::write(&output, shoal_proto::FILE_DESCRIPTOR_SET)?;
             println!("wrote {} (grpcurl -protoset {} ...)", output.display(), output.display());

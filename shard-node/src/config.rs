@@ -22,6 +22,7 @@ pub struct ShardNodeConfig {
     pub max_message_bytes: usize,
     pub engine: EngineConfig,
     pub writer: WriterConfig,
+    pub snapshot: SnapshotConfig,
 }
 
 impl Default for ShardNodeConfig {
@@ -33,6 +34,7 @@ impl Default for ShardNodeConfig {
             max_message_bytes: 64 << 20,
             engine: EngineConfig::default(),
             writer: WriterConfig::default(),
+            snapshot: SnapshotConfig::default(),
         }
     }
 }
@@ -100,6 +102,41 @@ impl WriterConfig {
             queue_depth: self.queue_depth.max(1),
             max_group_parts: self.max_group_parts.max(1),
             max_group_ops: self.max_group_ops.max(1),
+        }
+    }
+}
+
+/// Where and how this node stores shard snapshots (see docs/snapshots.md).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SnapshotConfig {
+    /// Object store: a directory (relative to the working directory),
+    /// `file:///absolute/path`, or `s3://bucket/prefix` (settings from the
+    /// `AWS_*` environment variables or `?endpoint=...&region=...`). Nodes
+    /// that should restore each other's snapshots need the same store.
+    pub url: String,
+    /// zstd level, 1 to 22.
+    pub zstd_level: i32,
+    /// Raw bytes per chunk.
+    pub chunk_bytes: usize,
+    /// Chunks moving to or from the store at once.
+    pub concurrency: usize,
+    /// Snapshots a prune keeps per shard when the request does not say.
+    pub keep_last: u32,
+    /// A prune deletes unreferenced chunks only when they are older than
+    /// this (they may belong to a snapshot being uploaded).
+    pub gc_grace_secs: u64,
+}
+
+impl Default for SnapshotConfig {
+    fn default() -> Self {
+        SnapshotConfig {
+            url: "./shoal-data/snapshots".into(),
+            zstd_level: 3,
+            chunk_bytes: 4 << 20,
+            concurrency: 8,
+            keep_last: 3,
+            gc_grace_secs: 3600,
         }
     }
 }

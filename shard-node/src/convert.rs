@@ -5,6 +5,7 @@
 use shoal_engine::{Error as EngineError, IndexParams, Metric};
 use shoal_proto::v1;
 use shoal_proto::{ErrorCode, ShoalError};
+use shoal_snapshot::{Manifest, Operation, ProgressReport, SnapshotError};
 
 pub(crate) fn metric_from_proto(m: i32) -> Result<Metric, ShoalError> {
     match v1::Metric::try_from(m) {
@@ -92,6 +93,78 @@ pub(crate) fn engine_error(e: EngineError) -> ShoalError {
         _ => ErrorCode::Internal,
     };
     ShoalError::new(code, e.to_string())
+}
+
+/// Snapshot errors in the service's terms.
+pub(crate) fn snapshot_error(e: SnapshotError) -> ShoalError {
+    use std::time::Duration;
+    if let SnapshotError::Engine(inner) = e {
+        return engine_error(inner);
+    }
+    let code = match &e {
+        SnapshotError::BadUrl { .. } | SnapshotError::Invalid(_) => ErrorCode::InvalidArgument,
+        SnapshotError::ManifestMissing { .. } | SnapshotError::ChunkMissing { .. } => ErrorCode::NotFound,
+        SnapshotError::AlreadyExists { .. } => ErrorCode::AlreadyExists,
+        // The snapshot cannot be restored as it is: choose another one.
+        SnapshotError::UnsupportedFormat { .. }
+        | SnapshotError::BadManifest { .. }
+        | SnapshotError::ChunkTruncated { .. }
+        | SnapshotError::ChunkCorrupt { .. }
+        | SnapshotError::Mismatch { .. } => ErrorCode::InvalidArgument,
+        SnapshotError::ChunkVanished { .. } => return ShoalError::unavailable(e.to_string(), Duration::from_secs(1)),
+        SnapshotError::Busy { .. } => return ShoalError::unavailable(e.to_string(), Duration::from_secs(5)),
+        // Network, throttling, an unreachable endpoint: worth a retry.
+        SnapshotError::Store { .. } => return ShoalError::unavailable(e.to_string(), Duration::from_secs(5)),
+        SnapshotError::DiskFull { .. } => ErrorCode::ResourceExhausted,
+        SnapshotError::Engine(_) | SnapshotError::Io { .. } | SnapshotError::Internal(_) => ErrorCode::Internal,
+        _ => ErrorCode::Internal,
+    };
+    ShoalError::new(code, e.to_string())
+}
+
+/// A manifest as the API shows it (no chunk list).
+pub(crate) fn snapshot_info(m: &Manifest, duration_ms: u64) -> v1::SnapshotInfo {
+    v1::SnapshotInfo {
+        collection: m.collection.clone(),
+        shard: m.shard,
+        id: m.id.clone(),
+        created_at: m.created_at.clone(),
+        shard_count: m.shard_count,
+        points: m.points,
+        tombstones: m.tombstones,
+        offsets: m.offsets.iter().map(|o| v1::SourceOffset { source: o.source.clone(), offset: o.offset }).collect(),
+        image_bytes: m.image_bytes,
+        stored_bytes: m.stored_bytes,
+        chunks: m.chunks.len() as u32,
+        uploaded_chunks: m.uploaded_chunks as u32,
+        uploaded_bytes: m.uploaded_bytes,
+        zstd_level: m.compression.level,
+        duration_ms,
+        error: String::new(),
+    }
+}
+
+/// A running operation's progress as the API shows it.
+pub(crate) fn progress_proto(collection: &str, shard: u32, id: &str, r: &ProgressReport) -> v1::SnapshotProgress {
+    v1::SnapshotProgress {
+        collection: collection.to_owned(),
+        shard,
+        operation: match r.op {
+            Operation::Snapshot => v1::SnapshotOperation::Snapshot,
+            Operation::Restore => v1::SnapshotOperation::Restore,
+        } as i32,
+        snapshot_id: id.to_owned(),
+        phase: r.phase.name().into(),
+        bytes_done: r.bytes_done,
+        bytes_total: r.bytes_total,
+        bytes_transferred: r.bytes_transferred,
+        chunks_done: r.chunks_done,
+        chunks_reused: r.chunks_reused,
+        elapsed_ms: r.elapsed.as_millis() as u64,
+        bytes_per_second: r.rate(),
+        remaining_ms: r.remaining().map_or(0, |d| d.as_millis() as u64),
+        node: String::new(),
+    }
 }
 
 #[cfg(test)]

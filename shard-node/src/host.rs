@@ -11,16 +11,18 @@ use shoal_proto::v1;
 use shoal_proto::{CollectionName, ShoalError};
 use tokio::task::JoinHandle;
 
+use crate::config::SnapshotConfig;
+use crate::snapshots::{Snapshots, clean_up_after_restores, wait_for_last_user};
 use crate::convert::{engine_error, params_to_spec, payload_from_engine, payload_to_engine, spec_to_params};
 use crate::writer::{ShardWriter, WriterOptions};
 
 /// (collection, shard number).
 pub type ShardKey = (CollectionName, u32);
 
-struct Shard {
-    index: Arc<Index>,
+pub(crate) struct Shard {
+    pub(crate) index: Arc<Index>,
     /// Shards of the collection (stored beside the environment).
-    shard_count: u32,
+    pub(crate) shard_count: u32,
     writer: Mutex<Option<ShardWriter>>,
 }
 
@@ -39,7 +41,7 @@ fn read_shard_file(dir: &Path) -> anyhow::Result<u32> {
     Ok(f.shard_count)
 }
 
-fn write_shard_file(dir: &Path, shard_count: u32) -> std::io::Result<()> {
+pub(crate) fn write_shard_file(dir: &Path, shard_count: u32) -> std::io::Result<()> {
     let tmp = dir.join(format!("{SHARD_FILE}.tmp"));
     std::fs::write(&tmp, serde_json::to_vec(&ShardFile { shard_count }).map_err(std::io::Error::other)?)?;
     std::fs::File::open(&tmp)?.sync_all()?;
@@ -72,32 +74,44 @@ pub struct ShardHost {
     writer: WriterOptions,
     shards: RwLock<HashMap<ShardKey, Arc<Shard>>>,
     closing: AtomicBool,
+    pub(crate) snapshots: Option<Snapshots>,
 }
 
 fn shard_error(key: &ShardKey) -> impl Fn(ShoalError) -> ShoalError + '_ {
     move |e| e.context(format!("shard {}/{}", key.0, key.1))
 }
 
-fn key_of(id: Option<v1::ShardId>) -> Result<ShardKey, ShoalError> {
+pub(crate) fn key_of(id: Option<v1::ShardId>) -> Result<ShardKey, ShoalError> {
     let v1::ShardId { collection, shard } = id.ok_or_else(|| ShoalError::invalid("shard id is missing"))?;
     Ok((CollectionName::parse(&collection)?, shard))
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ShoalError> + Send + 'static) -> Result<T, ShoalError> {
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ShoalError> + Send + 'static) -> Result<T, ShoalError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| ShoalError::internal(format!("blocking task failed: {e}")))?
 }
 
 impl ShardHost {
-    /// Opens every shard found under `data_dir/shards` and starts its writer.
-    pub async fn open(data_dir: &Path, engine: IndexOptions, writer: WriterOptions) -> anyhow::Result<Arc<ShardHost>> {
+    /// Opens every shard found under `data_dir/shards` and starts its
+    /// writer; with `snapshots`, opens the snapshot store too.
+    pub async fn open(
+        data_dir: &Path,
+        engine: IndexOptions,
+        writer: WriterOptions,
+        snapshots: Option<&SnapshotConfig>,
+    ) -> anyhow::Result<Arc<ShardHost>> {
         let root = data_dir.join("shards");
         std::fs::create_dir_all(&root)?;
+        let snapshots = snapshots.map(Snapshots::open).transpose()?;
+        if let Some(s) = &snapshots {
+            tracing::info!(store = %s.url(), "snapshot store");
+        }
         let host = Arc::new(ShardHost {
             root: root.clone(),
             engine,
             writer,
             shards: RwLock::new(HashMap::new()),
             closing: AtomicBool::new(false),
+            snapshots,
         });
         for (key, dir) in find_shards(&root)? {
             let shard_count = read_shard_file(&dir)?;
@@ -116,14 +130,51 @@ impl ShardHost {
         shard
     }
 
-    fn dir(&self, key: &ShardKey) -> PathBuf {
+    pub(crate) fn dir(&self, key: &ShardKey) -> PathBuf {
         self.root.join(key.0.as_str()).join(key.1.to_string())
     }
 
-    fn get(&self, key: &ShardKey) -> Result<Arc<Shard>, ShoalError> {
+    pub(crate) fn engine_options(&self) -> IndexOptions {
+        self.engine.clone()
+    }
+
+    pub(crate) fn check_open(&self) -> Result<(), ShoalError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(ShoalError::unavailable("node is shutting down", std::time::Duration::from_secs(1)));
         }
+        Ok(())
+    }
+
+    pub(crate) fn has(&self, key: &ShardKey) -> bool {
+        self.shards.read().contains_key(key)
+    }
+
+    /// Takes a shard out of service: no new requests reach it, its queued
+    /// batches commit, and its environment closes once the searches in
+    /// flight are done. False if the node did not have it.
+    pub(crate) async fn take_out(&self, key: &ShardKey) -> bool {
+        let Some(shard) = self.shards.write().remove(key) else { return false };
+        shard.close().await;
+        let index = Arc::clone(&shard.index);
+        drop(shard);
+        wait_for_last_user(index).await;
+        true
+    }
+
+    /// Opens the shard in `dir` and serves it.
+    pub(crate) async fn reopen(&self, key: &ShardKey, dir: &Path) -> Result<(), ShoalError> {
+        let (dir, opts) = (dir.to_owned(), self.engine.clone());
+        let (index, shard_count) = blocking(move || {
+            let shard_count = read_shard_file(&dir).map_err(|e| ShoalError::internal(e.to_string()))?;
+            Ok((Index::open(&dir, opts).map_err(engine_error)?, shard_count))
+        })
+        .await?;
+        self.insert(key.clone(), index, shard_count);
+        Ok(())
+    }
+
+    pub(crate) fn get(&self, key: &ShardKey) -> Result<Arc<Shard>, ShoalError> {
+        self.check_open()?;
         self.shards
             .read()
             .get(key)
@@ -280,6 +331,7 @@ impl ShardHost {
         let index = Arc::clone(&shard.index);
         let key = key.clone();
         let shard_count = shard.shard_count;
+        let snapshot = self.snapshots.as_ref().and_then(|s| s.progress_of(&key));
         blocking(move || {
             let stats = index.stats().map_err(engine_error)?;
             let offsets = index.offsets().map_err(engine_error)?;
@@ -290,6 +342,7 @@ impl ShardHost {
                 tombstones: stats.tombstones,
                 disk_bytes: stats.disk_bytes,
                 offsets: offsets.into_iter().map(|(source, offset)| v1::SourceOffset { source, offset }).collect(),
+                snapshot,
             })
         })
         .await
@@ -332,6 +385,7 @@ fn find_shards(root: &Path) -> anyhow::Result<Vec<(ShardKey, PathBuf)>> {
         if !coll.file_type()?.is_dir() {
             continue;
         }
+        clean_up_after_restores(&coll.path())?;
         for shard in std::fs::read_dir(coll.path())? {
             let shard = shard?;
             let Some(n) = shard.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };

@@ -7,6 +7,7 @@ mod convert;
 pub mod host;
 pub mod server;
 pub mod service;
+mod snapshots;
 mod writer;
 
 pub use config::ShardNodeConfig;

@@ -31,7 +31,7 @@ impl RunningShardNode {
 
     pub async fn start_on(cfg: &ShardNodeConfig, listener: TcpListener) -> anyhow::Result<RunningShardNode> {
         let addr = listener.local_addr()?;
-        let host = ShardHost::open(&cfg.data_dir, cfg.engine.index_options(), cfg.writer.options()).await?;
+        let host = ShardHost::open(&cfg.data_dir, cfg.engine.index_options(), cfg.writer.options(), Some(&cfg.snapshot)).await?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(serve(Arc::clone(&host), listener, cfg.max_message_bytes, async {
             let _ = stopped.await;

@@ -48,4 +48,27 @@ impl ShardNode for ShardNodeService {
     async fn list_shards(&self, _: Request<v1::ListShardsRequest>) -> Result<Response<v1::ListShardsResponse>, Status> {
         Ok(Response::new(self.host.list().await?))
     }
+
+    async fn snapshot_shard(&self, r: Request<v1::SnapshotShardRequest>) -> Result<Response<v1::SnapshotInfo>, Status> {
+        Ok(Response::new(self.host.snapshot_shard(r.into_inner()).await?))
+    }
+
+    async fn restore_shard(&self, r: Request<v1::RestoreShardRequest>) -> Result<Response<v1::ShardStats>, Status> {
+        Ok(Response::new(self.host.restore_shard(r.into_inner()).await?))
+    }
+
+    async fn list_snapshots(&self, r: Request<v1::ListSnapshotsRequest>) -> Result<Response<v1::ListSnapshotsResponse>, Status> {
+        Ok(Response::new(self.host.list_snapshots(r.into_inner()).await?))
+    }
+
+    async fn prune_snapshots(&self, r: Request<v1::PruneSnapshotsRequest>) -> Result<Response<v1::PruneSnapshotsResponse>, Status> {
+        Ok(Response::new(self.host.prune_snapshots(r.into_inner()).await?))
+    }
+
+    async fn get_snapshot_progress(
+        &self,
+        _: Request<v1::SnapshotProgressRequest>,
+    ) -> Result<Response<v1::SnapshotProgressResponse>, Status> {
+        Ok(Response::new(self.host.snapshot_progress()))
+    }
 }

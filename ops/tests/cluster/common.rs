@@ -14,8 +14,19 @@ pub(crate) struct TestCluster {
 }
 
 pub(crate) async fn cluster(nodes: usize) -> TestCluster {
+    cluster_with_store(nodes, None).await
+}
+
+/// A cluster whose nodes keep snapshots at `store_url` (default: a
+/// directory inside the cluster's own).
+pub(crate) async fn cluster_with_store(nodes: usize, store_url: Option<&str>) -> TestCluster {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = EmbeddedConfig::ephemeral(dir.path(), nodes);
+    if let Some(url) = store_url {
+        cfg.snapshot.url = url.to_owned();
+    }
+    // Small chunks, so test shards have many.
+    cfg.snapshot.chunk_bytes = 64 << 10;
     cfg.engine.build_threads = 2;
     // Searches against a stopped node must fail fast in these tests.
     cfg.coordinator.search_timeout_ms = 3_000;

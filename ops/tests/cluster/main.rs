@@ -6,3 +6,4 @@ mod common;
 mod discovery;
 mod durability;
 mod search;
+mod snapshots;

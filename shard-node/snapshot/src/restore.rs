@@ -14,7 +14,7 @@ use shoal_engine::{Index, IndexOptions};
 use crate::chunk;
 use crate::error::{Result, SnapshotError, join_error};
 use crate::layout;
-use crate::manifest::Manifest;
+use crate::manifest::{ChunkRef, Manifest};
 use crate::objects::{TransferOptions, get_object, read_manifest};
 use crate::progress::{Phase, Progress};
 use crate::store_url::SnapshotStore;
@@ -94,22 +94,22 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
     let path = staging.join("data.mdb");
     let file = Arc::new(std::fs::File::create(&path).map_err(|e| SnapshotError::io(&path, e))?);
     progress.set_phase(Phase::Transferring);
-    futures::stream::iter(m.chunk_offsets())
+    // Owned items: futures that borrow from the iterator trip the
+    // compiler's Send check (higher-ranked lifetimes) under tonic.
+    let items: Vec<(usize, u64, ChunkRef)> = m.chunk_offsets().map(|(i, o, c)| (i, o, c.clone())).collect();
+    futures::stream::iter(items)
         .map(|(i, offset, c)| {
             let file = Arc::clone(&file);
             let path = path.clone();
+            let objects = Arc::clone(&store.store);
+            let (id, transfer) = (m.id.clone(), opts.transfer);
+            let progress = Arc::clone(progress);
             async move {
                 let key = layout::chunk_key(&c.hash);
-                let stored = match get_object(&store.store, &key, c.stored_len, &opts.transfer).await? {
-                    None => return Err(SnapshotError::ChunkMissing { id: m.id.clone(), index: i, key: key.to_string() }),
+                let stored = match get_object(&objects, &key, c.stored_len, &transfer).await? {
+                    None => return Err(SnapshotError::ChunkMissing { id, index: i, key: key.to_string() }),
                     Some(Err(found)) => {
-                        return Err(SnapshotError::ChunkTruncated {
-                            id: m.id.clone(),
-                            index: i,
-                            key: key.to_string(),
-                            expected: c.stored_len,
-                            found,
-                        });
+                        return Err(SnapshotError::ChunkTruncated { id, index: i, key: key.to_string(), expected: c.stored_len, found });
                     }
                     Some(Ok(b)) => b,
                 };
@@ -122,9 +122,7 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
                 .map_err(join_error)?;
                 match written {
                     Ok(()) => {}
-                    Err(Err(reason)) => {
-                        return Err(SnapshotError::ChunkCorrupt { id: m.id.clone(), index: i, key: key.to_string(), reason });
-                    }
+                    Err(Err(reason)) => return Err(SnapshotError::ChunkCorrupt { id, index: i, key: key.to_string(), reason }),
                     Err(Ok(e)) => return Err(e),
                 }
                 progress.add_done(c.raw_len);

@@ -157,7 +157,7 @@ async fn upload(
 
     let cpu = Arc::new(Semaphore::new(opts.compress_threads));
     let uploaded: Result<Vec<Stored>> = ReceiverStream::new(rx)
-        .map(|raw| store_chunk(objects, raw, opts, &cpu, progress))
+        .map(|raw| store_chunk(Arc::clone(objects), raw, opts.clone(), Arc::clone(&cpu), Arc::clone(progress)))
         .buffer_unordered(opts.concurrency)
         .try_collect()
         .await;
@@ -174,13 +174,16 @@ async fn upload(
     progress.set_phase(Phase::Finishing);
     // A prune that ran since a reused chunk was seen may have deleted it
     // (it was unreferenced then). Check again right before publishing.
-    let reused: HashSet<&str> = stored.iter().filter(|s| s.reused).map(|s| s.chunk.hash.as_str()).collect();
+    let reused: HashSet<String> = stored.iter().filter(|s| s.reused).map(|s| s.chunk.hash.clone()).collect();
     futures::stream::iter(reused)
-        .map(|h| async move {
-            let key = layout::chunk_key(h);
-            match exists(objects, &key).await? {
-                Some(_) => Ok(()),
-                None => Err(SnapshotError::ChunkVanished { key: key.to_string() }),
+        .map(|h| {
+            let objects = Arc::clone(objects);
+            async move {
+                let key = layout::chunk_key(&h);
+                match exists(&objects, &key).await? {
+                    Some(_) => Ok(()),
+                    None => Err(SnapshotError::ChunkVanished { key: key.to_string() }),
+                }
             }
         })
         .buffer_unordered(opts.concurrency)
@@ -227,12 +230,13 @@ async fn upload(
 
 /// Hashes a chunk; uploads it compressed unless the store has it.
 async fn store_chunk(
-    objects: &Arc<dyn ObjectStore>,
+    objects: Arc<dyn ObjectStore>,
     raw: RawChunk,
-    opts: &SnapshotOptions,
-    cpu: &Semaphore,
-    progress: &Progress,
+    opts: SnapshotOptions,
+    cpu: Arc<Semaphore>,
+    progress: Arc<Progress>,
 ) -> Result<Stored> {
+    let objects = &objects;
     let RawChunk { index, data } = raw;
     let raw_len = data.len() as u64;
     let permit = cpu.acquire().await.map_err(|e| SnapshotError::Internal(e.to_string()))?;
