@@ -168,11 +168,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     // name) or a temporary one.
     let _tmp;
     let root = match &a.dir {
-        Some(d) => {
-            let r = d.join("shoal-disk-bench");
-            std::fs::create_dir_all(&r).with_context(|| format!("creating {}", r.display()))?;
-            r
-        }
+        Some(d) => d.join("shoal-disk-bench"),
         None => {
             // Named like the kept one, so that the cgroup child finds it
             // through `--dir`.
@@ -180,6 +176,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
             _tmp.path().join("shoal-disk-bench")
         }
     };
+    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
 
     let inserts = (n..n + a.inserts).map(|i| Ok((i as u64, base.f32_row(i)?))).collect::<Result<Vec<_>>>()?;
     let queries: Vec<Vec<f32>> = (0..a.queries.min(query.len())).map(|i| query.f32_row(i)).collect::<Result<_>>()?;

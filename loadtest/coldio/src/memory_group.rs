@@ -63,6 +63,20 @@ fn own_group() -> io::Result<String> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "/proc/self/cgroup names no memory cgroup"))
 }
 
+/// Removes empty groups left by runs that were killed before cleaning up:
+/// siblings named like `name` up to its last `-` (`tool-PID`).
+fn remove_stale(parent: &Path, name: &str) {
+    let Some((prefix, _)) = name.rsplit_once('-') else { return };
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    for e in entries.flatten() {
+        let stale = e.file_name().to_str().is_some_and(|n| n.starts_with(prefix) && n != name)
+            && read(&e.path().join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty());
+        if stale && std::fs::remove_dir(e.path()).is_ok() {
+            eprintln!("removed the stale memory cgroup {}", e.path().display());
+        }
+    }
+}
+
 impl MemoryGroup {
     /// Creates `name` under this process's memory cgroup with a limit of
     /// `limit_bytes`. Fails with a reason where cgroup v1 memory groups are
@@ -71,6 +85,7 @@ impl MemoryGroup {
         let root = mount_point()?;
         let own = own_group()?;
         let parent = root.join(own.trim_start_matches('/'));
+        remove_stale(&parent, name);
         let dir = parent.join(name);
         std::fs::create_dir(&dir).map_err(|e| context("creating the memory cgroup", &dir, e))?;
         let group = MemoryGroup { dir };
