@@ -149,7 +149,102 @@ async fn drive(cluster: &EmbeddedCluster, data: &DemoData, args: &DemoArgs) -> a
         latency.value_at_quantile(0.99) as f64 / 1000.0,
         args.shards
     );
+    snapshot_and_restore(cluster, data, args).await
+}
+
+/// Snapshots the collection, restores one shard on a fresh node, and
+/// checks that node answers exactly like the original.
+async fn snapshot_and_restore(cluster: &EmbeddedCluster, data: &DemoData, args: &DemoArgs) -> anyhow::Result<()> {
+    let mut client = cluster.client().await?;
+    println!();
+    println!("== snapshot to object storage ({})", args.data_dir.join("snapshots").display());
+    let t = Instant::now();
+    let made = client
+        .create_snapshot(v1::CreateSnapshotRequest { collection: COLLECTION.into(), ..Default::default() })
+        .await?
+        .into_inner();
+    let secs = t.elapsed().as_secs_f64();
+    let image: u64 = made.shards.iter().map(|s| s.image_bytes).sum();
+    let stored: u64 = made.shards.iter().map(|s| s.stored_bytes).sum();
+    println!(
+        "snapshot {}: {} shards, {:.1} MiB of data files -> {:.1} MiB stored (zstd), {secs:.2}s ({:.0} MiB/s)",
+        made.snapshot_id,
+        made.shards.len(),
+        mib(image),
+        mib(stored),
+        mib(image) / secs
+    );
+
+    // A fresh node, same store: restore shard 1 there.
+    let shard = 1.min(args.shards.saturating_sub(1));
+    let info = client.describe_collection(v1::DescribeCollectionRequest { name: COLLECTION.into() }).await?.into_inner();
+    let owner = info.shards.iter().find(|s| s.shard == shard).map(|s| s.node.clone()).context("shard has no node")?;
+    let owner_i: usize = owner.strip_prefix("shard-").and_then(|n| n.parse().ok()).context("unexpected node id")?;
+    let owner_addr = cluster.node_addrs()[owner_i];
+    let fresh_cfg = shoal_shard_node::ShardNodeConfig {
+        node_id: "fresh".into(),
+        listen: "127.0.0.1:0".parse()?,
+        data_dir: args.data_dir.join("fresh-node"),
+        snapshot: shoal_shard_node::config::SnapshotConfig {
+            url: args.data_dir.join("snapshots").to_string_lossy().into_owned(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let fresh = shoal_shard_node::RunningShardNode::start(&fresh_cfg).await?;
+    let result = compare_restored(&made.snapshot_id, shard, owner_addr, fresh.addr, data).await;
+    fresh.shutdown().await?;
+    result
+}
+
+async fn compare_restored(
+    id: &str,
+    shard: u32,
+    owner: std::net::SocketAddr,
+    fresh: std::net::SocketAddr,
+    data: &DemoData,
+) -> anyhow::Result<()> {
+    use shoal_proto::v1::shard_node_client::ShardNodeClient;
+    let connect = |a: std::net::SocketAddr| async move {
+        anyhow::Ok(ShardNodeClient::connect(format!("http://{a}")).await?.max_decoding_message_size(256 << 20))
+    };
+    let (mut old, mut new) = (connect(owner).await?, connect(fresh).await?);
+    let shard_id = || Some(v1::ShardId { collection: COLLECTION.into(), shard });
+    let t = Instant::now();
+    let stats = new
+        .restore_shard(v1::RestoreShardRequest { shard: shard_id(), snapshot_id: id.into(), replace: false })
+        .await?
+        .into_inner();
+    let secs = t.elapsed().as_secs_f64();
+    let offsets: Vec<String> = stats.offsets.iter().map(|o| format!("{}@{}", o.source, o.offset)).collect();
+    println!(
+        "restored shard {shard} on a fresh node in {secs:.2}s ({:.0} MiB/s of data file): {} points, offsets {}",
+        mib(stats.disk_bytes) / secs,
+        stats.points,
+        offsets.join(" ")
+    );
+    let queries: Vec<v1::Vector> = data.queries.iter().map(|q| v1::Vector { values: q.vector.clone() }).collect();
+    let search = |queries: Vec<v1::Vector>| v1::SearchShardRequest { shard: shard_id(), queries, k: K as u32, ef: 64, with_payload: true };
+    let a = old.search_shard(search(queries.clone())).await?.into_inner().results;
+    let b = new.search_shard(search(queries)).await?.into_inner().results;
+    let same_hits = a.iter().zip(&b).filter(|(x, y)| x == y).count();
+    let ids: Vec<u64> = data.points.iter().map(|p| p.id).collect();
+    let get = |ids: Vec<u64>| v1::GetPointsRequest { shard: shard_id(), ids, with_vector: true };
+    let pa = old.get_points(get(ids.clone())).await?.into_inner().points;
+    let pb = new.get_points(get(ids)).await?.into_inner().points;
+    println!(
+        "fresh node vs original: {same_hits}/{} queries with identical top-{K} (ids, distances, payloads); {}/{} points identical (vectors, payloads)",
+        a.len(),
+        pa.iter().zip(&pb).filter(|(x, y)| x == y).count(),
+        pa.len()
+    );
+    anyhow::ensure!(same_hits == a.len() && a.len() == b.len(), "the restored shard answers differently");
+    anyhow::ensure!(pa == pb && stats.points == pa.len() as u64, "the restored shard holds other points");
     Ok(())
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / 1048576.0
 }
 
 fn to_point(p: &DemoPoint) -> v1::Point {
