@@ -13,12 +13,14 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use coldio::{MemoryGroup, PageMap, Probe, Sample};
+
 use serde_json::{Value, json};
 use shoal_engine::{Batch, Index, IndexOptions, IndexParams, Metric, SearchParams};
 
 use crate::fvecs::VecFile;
 use crate::groundtruth;
 use crate::memory::rss_anon;
+use crate::slowfs;
 
 /// Flags of `disk-bench`.
 #[derive(clap::Args, Debug, Clone)]
@@ -376,8 +378,41 @@ fn set_cache(data: &Path, mode: Mode) -> Result<()> {
     }
 }
 
-fn sample_json(s: &Sample, per: Option<(&str, usize)>, map: Option<&PageMap>) -> Result<Value> {
+/// A [`Probe`] plus the counters of a slowfs the environment sits on.
+struct Op {
+    probe: Probe,
+    dir: PathBuf,
+    slowfs: Option<(u64, u64)>,
+}
+
+impl Op {
+    fn start(data: &Path) -> Result<Op> {
+        let dir = data.parent().context("data.mdb has no directory")?.to_owned();
+        let slowfs = slowfs::counters_above(&dir);
+        Ok(Op { probe: Probe::start(data)?, dir, slowfs })
+    }
+
+    /// The sample, and the reads and bytes the slowfs served meanwhile.
+    fn finish(self) -> Result<(Sample, Option<(u64, u64)>)> {
+        let sample = self.probe.finish()?;
+        let after = slowfs::counters_above(&self.dir);
+        let delta = self.slowfs.zip(after).map(|(b, a)| (a.0.saturating_sub(b.0), a.1.saturating_sub(b.1)));
+        Ok((sample, delta))
+    }
+}
+
+fn sample_json(
+    (s, slow): &(Sample, Option<(u64, u64)>),
+    per: Option<(&str, usize)>,
+    map: Option<&PageMap>,
+) -> Result<Value> {
     let mut v = serde_json::to_value(s)?;
+    if let Some((reads, bytes)) = slow {
+        // What reached the (simulated) device: faults the page cache
+        // could not serve, readahead included.
+        v["slowfs_reads"] = json!(reads);
+        v["slowfs_read_bytes"] = json!(bytes);
+    }
     if let Some((key, n)) = per {
         v[key] = serde_json::to_value(s.per(n))?;
     }
@@ -397,10 +432,10 @@ fn measure(ctx: &Ctx, mode: Mode, join: Option<&Path>) -> Result<Value> {
         MemoryGroup::join(group)?;
     }
 
-    let probe = Probe::start(&data)?;
+    let probe = Op::start(&data)?;
     let index = Index::open(&run, ctx.opts.clone()).with_context(|| format!("opening {}", run.display()))?;
     let open = probe.finish()?;
-    let probe = Probe::start(&data)?;
+    let probe = Op::start(&data)?;
     index.apply(Batch::upserts(ctx.inserts.clone())).context("inserting the batch")?;
     let insert = probe.finish()?;
     let rss_after_insert = rss_anon();
@@ -410,7 +445,7 @@ fn measure(ctx: &Ctx, mode: Mode, join: Option<&Path>) -> Result<Value> {
     set_cache(&data, mode)?;
     let index = Index::open(&run, ctx.opts.clone()).with_context(|| format!("reopening {}", run.display()))?;
     let sp = SearchParams::new(K, ctx.ef.max(K));
-    let probe = Probe::start(&data)?;
+    let probe = Op::start(&data)?;
     let mut hits = 0usize;
     for (q, truth) in ctx.queries.iter().zip(&ctx.truth) {
         let got = index.search(q, sp)?;

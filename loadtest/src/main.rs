@@ -4,10 +4,12 @@
 mod cluster_bench;
 mod compare;
 mod disk_bench;
+mod disk_compare;
 mod fvecs;
 mod groundtruth;
 mod index_bench;
 mod memory;
+mod slowfs;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +32,11 @@ enum Command {
     /// Cold-cache cost of inserts and searches: faults, bytes read, pages
     /// touched per database (issue 8; docs/network-disks.md).
     DiskBench(disk_bench::Args),
+    /// Print disk-bench and hannoy-cold JSON files side by side.
+    DiskCompare(disk_compare::Args),
+    /// Mount a FUSE passthrough that adds latency to every read (a
+    /// simulated network disk).
+    Slowfs(slowfs::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +45,7 @@ fn main() -> anyhow::Result<()> {
         Command::Compare(a) => compare::run(a),
         Command::ClusterBench(a) => cluster_bench::run(a),
         Command::DiskBench(a) => disk_bench::run(a),
+        Command::DiskCompare(a) => disk_compare::run(a),
+        Command::Slowfs(a) => slowfs::run(a),
     }
 }
