@@ -4,12 +4,11 @@
 mod cluster_bench;
 mod compare;
 mod disk_bench;
-mod disk_compare;
 mod fvecs;
 mod groundtruth;
 mod index_bench;
 mod memory;
-mod slowfs;
+mod snapshot_bench;
 
 use clap::{Parser, Subcommand};
 
@@ -27,16 +26,14 @@ enum Command {
     IndexBench(index_bench::Args),
     /// Ingest rate and search latency of the embedded 3-shard cluster.
     ClusterBench(cluster_bench::Args),
+    /// Snapshot and restore a shard beside cp / tar|zstd and a rebuild
+    /// (docs/snapshots.md).
+    SnapshotBench(snapshot_bench::Args),
     /// Print index-bench JSON files (ours and the peers') side by side.
     Compare(compare::Args),
     /// Cold-cache cost of inserts and searches: faults, bytes read, pages
     /// touched per database (issue 8; docs/network-disks.md).
     DiskBench(disk_bench::Args),
-    /// Print disk-bench and hannoy-cold JSON files side by side.
-    DiskCompare(disk_compare::Args),
-    /// Mount a FUSE passthrough that adds latency to every read (a
-    /// simulated network disk).
-    Slowfs(slowfs::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -44,8 +41,7 @@ fn main() -> anyhow::Result<()> {
         Command::IndexBench(a) => index_bench::run(a),
         Command::Compare(a) => compare::run(a),
         Command::ClusterBench(a) => cluster_bench::run(a),
+        Command::SnapshotBench(a) => snapshot_bench::run(a),
         Command::DiskBench(a) => disk_bench::run(a),
-        Command::DiskCompare(a) => disk_compare::run(a),
-        Command::Slowfs(a) => slowfs::run(a),
     }
 }
