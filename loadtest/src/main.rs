@@ -4,11 +4,13 @@
 mod cluster_bench;
 mod compare;
 mod disk_bench;
+mod disk_compare;
 mod fvecs;
 mod groundtruth;
 mod index_bench;
 mod memory;
 mod snapshot_bench;
+mod slowfs;
 
 use clap::{Parser, Subcommand};
 
@@ -34,6 +36,11 @@ enum Command {
     /// Cold-cache cost of inserts and searches: faults, bytes read, pages
     /// touched per database (issue 8; docs/network-disks.md).
     DiskBench(disk_bench::Args),
+    /// Print disk-bench and hannoy-cold JSON files side by side.
+    DiskCompare(disk_compare::Args),
+    /// Mount a FUSE passthrough that adds latency to every read (a
+    /// simulated network disk).
+    Slowfs(slowfs::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -43,5 +50,7 @@ fn main() -> anyhow::Result<()> {
         Command::ClusterBench(a) => cluster_bench::run(a),
         Command::SnapshotBench(a) => snapshot_bench::run(a),
         Command::DiskBench(a) => disk_bench::run(a),
+        Command::DiskCompare(a) => disk_compare::run(a),
+        Command::Slowfs(a) => slowfs::run(a),
     }
 }
