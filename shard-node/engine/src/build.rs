@@ -21,7 +21,8 @@ use crate::error::{Error, Result};
 use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer, select_neighbours};
 use crate::params::IndexParams;
 use crate::store::Store;
-use crate::view::{FrozenVectors, Graph, NodeCache, TxnView};
+use crate::quant::Code;
+use crate::view::{Frozen, Graph, NodeCache, TxnView};
 
 /// Link lists changed by the batch, held in memory until the readers close.
 pub(crate) struct Overlay {
@@ -162,8 +163,8 @@ pub(crate) struct BuildView<'t> {
 
 impl<'t> Graph<'t> for BuildView<'t> {
     #[inline]
-    fn vector(&mut self, id: u32) -> Result<&'t [f32]> {
-        self.base.vector(id)
+    fn code(&mut self, id: u32) -> Result<Code<'t>> {
+        self.base.code(id)
     }
 
     #[inline]
@@ -194,6 +195,14 @@ impl<'t> Graph<'t> for BuildView<'t> {
         }
         self.base.is_tombstone(id)
     }
+
+    #[inline]
+    fn prefetch_links(&mut self, id: u32, level: u8) {
+        // Lists the batch changed live in the overlay; the rest in the map.
+        if !self.overlay.is_new(id) {
+            self.base.prefetch_links(id, level);
+        }
+    }
 }
 
 /// Read-only context shared by all builder threads.
@@ -208,7 +217,7 @@ pub(crate) struct BuildCtx<'a> {
     /// Per-thread pointer cache budget.
     pub(crate) cache_budget: usize,
     /// Vector addresses shared across threads and transactions.
-    pub(crate) frozen: FrozenVectors<'a>,
+    pub(crate) frozen: Frozen<'a>,
 }
 
 /// One builder thread's reusable buffers.
@@ -303,10 +312,10 @@ impl BuildCtx<'_> {
     /// Links new node `node` into the graph, starting from `entry`.
     pub(crate) fn insert(&self, view: &mut BuildView<'_>, w: &mut Worker, node: u32, entry: (u32, u8)) -> Result<()> {
         let metric = self.params.metric;
-        let query = view.vector(node)?;
+        let query = view.code(node)?;
         let level = self.overlay.level_of_new(node);
         let (entry_id, top) = entry;
-        let mut best = Scored { dist: metric.distance(query, view.vector(entry_id)?), id: entry_id };
+        let mut best = Scored { dist: metric.code_distance(query, view.code(entry_id)?), id: entry_id };
         for l in (level.saturating_add(1)..=top).rev() {
             best = greedy_closest(view, &mut w.scratch, metric, query, best, l)?;
         }
@@ -369,10 +378,10 @@ impl BuildCtx<'_> {
         let cap = self.params.max_links(level);
         if own.len() > cap {
             let metric = self.params.metric;
-            let v = view.vector(node)?;
+            let v = view.code(node)?;
             w.cands.clear();
             for &x in own.iter() {
-                w.cands.push(Scored { dist: metric.distance(v, view.vector(x)?), id: x });
+                w.cands.push(Scored { dist: metric.code_distance(v, view.code(x)?), id: x });
             }
             w.cands.sort_unstable();
             select_neighbours(view, metric, &w.cands, cap, &mut w.pruned)?;
@@ -403,12 +412,12 @@ impl BuildCtx<'_> {
             list.push(new);
             return Ok(());
         }
-        let vn = view.vector(n)?;
+        let vn = view.code(n)?;
         w.cands.clear();
         w.cands.push(Scored { dist, id: new });
         for &x in list.iter() {
             if !view.is_tombstone(x)? {
-                w.cands.push(Scored { dist: metric.distance(vn, view.vector(x)?), id: x });
+                w.cands.push(Scored { dist: metric.code_distance(vn, view.code(x)?), id: x });
             }
         }
         w.cands.sort_unstable();
@@ -443,14 +452,14 @@ impl BuildCtx<'_> {
             let cap = self.params.max_links(l);
             for i in 0..live.len() {
                 let x = live[i];
-                let vx = view.vector(x)?;
+                let vx = view.code(x)?;
                 {
                     let mut list = self.overlay.list_mut(&mut view.base, x, l)?;
                     if list.contains(&dead) {
                         w.cands.clear();
                         for &y in list.iter().chain(live.iter()) {
                             if y != dead && y != x && !w.cands.iter().any(|c| c.id == y) && !view.is_tombstone(y)? {
-                                w.cands.push(Scored { dist: metric.distance(vx, view.vector(y)?), id: y });
+                                w.cands.push(Scored { dist: metric.code_distance(vx, view.code(y)?), id: y });
                             }
                         }
                         w.cands.sort_unstable();
@@ -462,7 +471,7 @@ impl BuildCtx<'_> {
                 let mut closest: Option<Scored> = None;
                 for &y in &live {
                     if y != x {
-                        let d = metric.distance(vx, view.vector(y)?);
+                        let d = metric.code_distance(vx, view.code(y)?);
                         if closest.is_none_or(|c| d < c.dist) {
                             closest = Some(Scored { dist: d, id: y });
                         }

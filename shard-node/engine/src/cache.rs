@@ -157,11 +157,11 @@ mod tests {
 
 /// A table from dense ids to addresses, shared by every thread of an index
 /// and kept across transactions. It may only hold addresses that stay valid
-/// for as long as the environment stays mapped (see `view::FrozenVectors`);
+/// for as long as the environment stays mapped (see `view::Frozen`);
 /// [`SharedTable::clear`] must run whenever the map moves.
 pub(crate) struct SharedTable {
     /// 4,096 directory slots × 1,024 chunk slots × 1,024 entries = 2^32 ids.
-    dirs: Box<[std::sync::OnceLock<Box<[std::sync::OnceLock<Box<[AtomicUsize]>>]>>]>,
+    dirs: Box<[std::sync::OnceLock<Directory>]>,
     chunks: AtomicUsize,
     max_chunks: usize,
     /// Ids this close to the newest committed one are never shared (they
@@ -170,6 +170,9 @@ pub(crate) struct SharedTable {
 }
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// One directory slot: 1,024 lazily allocated chunks of addresses.
+type Directory = Box<[std::sync::OnceLock<Box<[AtomicUsize]>>]>;
 
 const DIR_SLOTS: usize = 4096;
 const DIR_CHUNKS: usize = 1024;
@@ -239,6 +242,34 @@ impl SharedTable {
     /// Heap bytes held by entries.
     pub(crate) fn bytes(&self) -> usize {
         self.chunks.load(Ordering::Relaxed) * CHUNK * size_of::<usize>()
+    }
+}
+
+/// The addresses shared across threads and transactions: codes (every
+/// distance in the graph) and exact vectors (re-scoring, `get`).
+pub(crate) struct SharedAddrs {
+    pub(crate) codes: SharedTable,
+    pub(crate) vectors: SharedTable,
+}
+
+impl SharedAddrs {
+    /// Splits `budget_bytes` between the two tables in proportion to the
+    /// ids each can hold per byte (equal), with each table's own lag.
+    pub(crate) fn new(budget_bytes: usize, codes_lag: u32, vectors_lag: u32) -> Self {
+        SharedAddrs {
+            codes: SharedTable::with_budget(budget_bytes / 2, codes_lag),
+            vectors: SharedTable::with_budget(budget_bytes / 2, vectors_lag),
+        }
+    }
+
+    /// Forgets everything. Callers guarantee no other thread uses the tables.
+    pub(crate) fn clear(&mut self) {
+        self.codes.clear();
+        self.vectors.clear();
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.codes.bytes() + self.vectors.bytes()
     }
 }
 

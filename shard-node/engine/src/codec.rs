@@ -100,17 +100,17 @@ pub(crate) fn links0_block_nodes(m0: usize) -> usize {
     (MAX_INLINE_VALUE / links_bytes(m0)).max(1)
 }
 
-/// Most vectors a leaf page of `page_size` bytes can hold, rounded up: the
-/// ids this close to the newest one may share the newest (still changing)
-/// leaf page. The page size is the environment's own (LMDB takes the OS page
+/// Most fixed-size values (vectors, codes) a leaf page of `page_size` bytes
+/// can hold, rounded up: the ids this close to the newest one may share the
+/// newest (still changing) leaf page. The page size is the environment's own (LMDB takes the OS page
 /// size at creation and keeps it in the file), not an assumed 4 KiB.
-pub(crate) fn vectors_per_leaf(vector_bytes: usize, page_size: usize) -> usize {
+pub(crate) fn values_per_leaf(value_bytes: usize, page_size: usize) -> usize {
     // LMDB's largest inline node (`me_nodemax`); larger values live in
     // overflow pages of their own, which are never rewritten.
     let nodemax = (((page_size.saturating_sub(16)) / 2) & !1).saturating_sub(2);
     // A leaf node is an 8-byte header, the key and the value, plus a 2-byte
     // slot in the page's index.
-    if 8 + 4 + vector_bytes > nodemax { 1 } else { page_size.div_ceil(vector_bytes + 8 + 4 + 2) }
+    if 8 + 4 + value_bytes > nodemax { 1 } else { page_size.div_ceil(value_bytes + 8 + 4 + 2) }
 }
 
 /// Encodes `ids` into a fixed-size list of `capacity` slots.
@@ -143,7 +143,9 @@ pub(crate) fn decode_links(bytes: &[u8], out: &mut Vec<u32>) -> bool {
 }
 
 /// On-disk format version; bump on any layout change.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+///
+/// 2: codes (`quant`) beside the vectors.
+pub(crate) const FORMAT_VERSION: u32 = 2;
 
 /// Meta key of the parameters.
 pub(crate) const META_PARAMS: &[u8] = b"params";
@@ -296,12 +298,14 @@ mod tests {
             assert!(k == 1 || k * links_bytes(m0) <= MAX_INLINE_VALUE, "m0={m0}");
         }
         assert_eq!(links0_block_nodes(32), 15);
-        assert_eq!(vectors_per_leaf(1536, 4096), 3);
-        assert_eq!(vectors_per_leaf(2024, 4096), 3);
-        assert_eq!(vectors_per_leaf(2028, 4096), 1);
+        assert_eq!(values_per_leaf(1536, 4096), 3);
+        assert_eq!(values_per_leaf(2024, 4096), 3);
+        assert_eq!(values_per_leaf(2028, 4096), 1);
         // 16 KiB pages (some ARM64 kernels) hold many more.
-        assert_eq!(vectors_per_leaf(1536, 16384), 11);
-        assert_eq!(vectors_per_leaf(2028, 16384), 9);
+        assert_eq!(values_per_leaf(1536, 16384), 11);
+        assert_eq!(values_per_leaf(2028, 16384), 9);
+        // Codes of 384-d vectors: 392 bytes.
+        assert_eq!(values_per_leaf(392, 4096), 11);
     }
 
     #[test]

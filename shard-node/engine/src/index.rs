@@ -10,7 +10,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::batch::{Batch, BatchOutcome};
 use crate::build::{BuildCtx, Overlay, WorkQueue};
-use crate::cache::SharedTable;
+use crate::cache::SharedAddrs;
 use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, State};
 use crate::error::{Error, InvalidInput, Result};
 use crate::hnsw::level_for;
@@ -18,7 +18,7 @@ use crate::params::IndexParams;
 use crate::plan::{self, Plan};
 use crate::session::{self, Hit, SearchParams, Session, StoredPoint};
 use crate::store::{self, Store, StoreOptions};
-use crate::view::FrozenVectors;
+use crate::view::Frozen;
 
 /// How an index is opened; none of these change what is stored.
 #[derive(Clone, Debug)]
@@ -112,7 +112,7 @@ pub struct Index {
     /// Held shared by every user of a transaction; taken exclusively to grow
     /// the map, which LMDB allows only with no transaction open. It guards
     /// the shared vector addresses, which the remap invalidates.
-    pub(crate) resize: RwLock<SharedTable>,
+    pub(crate) resize: RwLock<SharedAddrs>,
     sessions: Mutex<Vec<Session>>,
     generation: AtomicU64,
 }
@@ -163,8 +163,13 @@ impl Index {
                     .map_err(|e| Error::Io { path: path.to_owned(), source: std::io::Error::other(e) })?,
             )),
         };
-        let lag = codec::vectors_per_leaf(params.vector_bytes(), store.page_size() as usize) as u32 + 1;
-        let shared = SharedTable::with_budget(opts.shared_cache_bytes, lag);
+        let page = store.page_size() as usize;
+        let lag = |bytes| codec::values_per_leaf(bytes, page) as u32 + 1;
+        let shared = SharedAddrs::new(
+            opts.shared_cache_bytes,
+            lag(crate::quant::code_bytes(params.dim as usize)),
+            lag(params.vector_bytes()),
+        );
         Ok(Index {
             store,
             params,
@@ -248,6 +253,7 @@ impl Index {
             .map(|b| plan::prepare(b, &self.params, self.opts.max_payload_bytes))
             .collect();
         let _writer = self.writer.lock();
+        let _span = tracing::debug_span!("engine.apply", batches = batches.len()).entered();
         loop {
             let attempt = {
                 let shared = self.resize.read();
@@ -265,17 +271,20 @@ impl Index {
         &self,
         batches: &[Batch],
         checked: &[Result<(), InvalidInput>],
-        shared: &SharedTable,
+        shared: &SharedAddrs,
     ) -> Result<Vec<Result<BatchOutcome, InvalidInput>>, Attempt> {
         let store = &self.store;
         let mut wtxn = store.env.write_txn().map_err(|e| attempt(store, e))?;
         let state = session::read_state(store, &wtxn)?;
-        let plan = plan::resolve(
+        let resolving = tracing::debug_span!("resolve").entered();
+        let mut plan = plan::resolve(
             batches,
             checked,
             |id| session::lookup_external(store, &wtxn, id),
             |source| session::read_offset(store, &wtxn, source),
         )?;
+        crate::locality::order(&mut plan.inserts, &self.params);
+        drop(resolving);
         if plan.is_empty() {
             wtxn.abort();
             return Ok(plan.outcomes);
@@ -287,7 +296,8 @@ impl Index {
         let live = (state.live + plan.inserts.len() as u64).checked_sub(plan.tombstones.len() as u64).ok_or_else(|| {
             Error::Corrupt { path: store.path.clone(), detail: format!("{} live points, but {} to retire", state.live, plan.tombstones.len()) }
         })?;
-        let levels = self.write_points(&mut wtxn, &plan, state.next_id)?;
+        let levels = tracing::debug_span!("write_points", inserts = plan.inserts.len(), retired = plan.tombstones.len())
+            .in_scope(|| self.write_points(&mut wtxn, &plan, state.next_id))?;
         let entry = self.link(&mut wtxn, &plan, &state, levels, shared, live)?;
         let new_state = State {
             next_id: next as u32,
@@ -300,7 +310,7 @@ impl Index {
         for &(source, offset) in &plan.offsets {
             put(&mut wtxn, store.dbs.offsets, source.as_bytes(), &offset.to_be_bytes())?;
         }
-        wtxn.commit().map_err(|e| attempt(store, e))?;
+        tracing::debug_span!("commit").in_scope(|| wtxn.commit()).map_err(|e| attempt(store, e))?;
         self.generation.fetch_add(1, Ordering::Release);
         // Idle sessions pin the previous snapshot's pages; let them go.
         self.sessions.lock().clear();
@@ -323,6 +333,7 @@ impl Index {
             dbs.external.delete(wtxn, &codec::external_key(external)).map_err(err)?;
         }
         let scale = self.params.level_scale();
+        let mut code = Vec::with_capacity(crate::quant::code_bytes(self.params.dim as usize));
         let mut levels = Vec::with_capacity(plan.inserts.len());
         let mut ids: Vec<(u64, u32)> = Vec::with_capacity(plan.inserts.len());
         for (i, p) in plan.inserts.iter().enumerate() {
@@ -333,6 +344,9 @@ impl Index {
             // Ids only grow, so every new key is the largest: APPEND fills
             // pages completely instead of splitting them in half.
             dbs.vectors.put_with_flags(wtxn, PutFlags::APPEND, &key, vector_bytes(p.vector)).map_err(err)?;
+            code.clear();
+            crate::quant::encode(p.vector, &mut code);
+            dbs.codes.put_with_flags(wtxn, PutFlags::APPEND, &key, &code).map_err(err)?;
             let record = NodeRecord { external: p.external, level, flags: 0 };
             dbs.nodes.put_with_flags(wtxn, PutFlags::APPEND, &key, &record.encode()).map_err(err)?;
             if let Some(payload) = p.payload {
@@ -358,7 +372,7 @@ impl Index {
         plan: &Plan<'_>,
         state: &State,
         levels: Vec<u8>,
-        shared: &SharedTable,
+        shared: &SharedAddrs,
         live: u64,
     ) -> Result<Option<(u32, u8)>, Attempt> {
         let first_new = state.next_id;
@@ -389,10 +403,11 @@ impl Index {
             has_tombstones: state.tombstones > 0 || !plan.tombstones.is_empty(),
             live,
             cache_budget: self.opts.cache_budget_bytes,
-            frozen: FrozenVectors::new(shared, first_new),
+            frozen: Frozen::new(shared, first_new),
         };
         let pool = self.pool.as_deref();
         if !plan.tombstones.is_empty() {
+            let _span = tracing::debug_span!("repair", retired = plan.tombstones.len()).entered();
             let queue = WorkQueue::new(plan.tombstones.len());
             ctx.run(wtxn, pool, |view, w| match queue.pop() {
                 Some(i) => ctx.repair(view, w, plan.tombstones[i]).map(|()| true),
@@ -400,6 +415,7 @@ impl Index {
             })?;
         }
         if !promoters.is_empty() {
+            let _span = tracing::debug_span!("promote", nodes = promoters.len()).entered();
             let shared_entry = Mutex::new(entry);
             ctx.run(wtxn, None, |view, w| {
                 for &p in &promoters {
@@ -417,12 +433,14 @@ impl Index {
         }
         if let Some(e) = entry {
             let rest: Vec<u32> = (0..overlay_len(plan)).filter(|i| promoters.binary_search(i).is_err()).collect();
+            let _span = tracing::debug_span!("insert", nodes = rest.len()).entered();
             let queue = WorkQueue::new(rest.len());
             ctx.run(wtxn, pool, |view, w| match queue.pop() {
                 Some(i) => ctx.insert(view, w, first_new + rest[i], e).map(|()| true),
                 None => Ok(false),
             })?;
         }
+        let _span = tracing::debug_span!("write_links").entered();
         let changes = overlay.into_changes();
         self.write_links(wtxn, changes, first_new)?;
         Ok(entry)
@@ -588,7 +606,7 @@ impl Index {
 pub struct Snapshot<'i> {
     index: &'i Index,
     session: Session,
-    shared: RwLockReadGuard<'i, SharedTable>,
+    shared: RwLockReadGuard<'i, SharedAddrs>,
 }
 
 impl Snapshot<'_> {
@@ -655,7 +673,17 @@ impl From<Error> for Attempt {
     fn from(e: Error) -> Self {
         match e {
             Error::Storage { source, .. } if store::is_map_full(&source) => Attempt::MapFull,
-            other => Attempt::Failed(other),
+            other @ (Error::Invalid(_)
+            | Error::ParamsMismatch { .. }
+            | Error::NotFound { .. }
+            | Error::UnsupportedFormat { .. }
+            | Error::MapSizeLimit { .. }
+            | Error::ResizeBlocked { .. }
+            | Error::DiskFull { .. }
+            | Error::Corrupt { .. }
+            | Error::IdSpaceExhausted { .. }
+            | Error::Storage { .. }
+            | Error::Io { .. }) => Attempt::Failed(other),
         }
     }
 }
@@ -727,14 +755,16 @@ mod tests {
                 let txn = index.store.env.read_txn().unwrap();
                 let state = session::read_state(&index.store, &txn).unwrap();
                 let mut checked = 0;
-                for id in 0..state.next_id {
-                    let addr = shared.get(id);
-                    if addr == 0 {
-                        continue;
+                for (table, db) in [(&shared.codes, index.store.dbs.codes), (&shared.vectors, index.store.dbs.vectors)] {
+                    for id in 0..state.next_id {
+                        let addr = table.get(id);
+                        if addr == 0 {
+                            continue;
+                        }
+                        let fresh = db.get(&txn, &codec::id_key(id)).unwrap().unwrap();
+                        assert_eq!(addr, fresh.as_ptr() as usize, "dim {dim} round {round}: id {id} moved");
+                        checked += 1;
                     }
-                    let fresh = index.store.dbs.vectors.get(&txn, &codec::id_key(id)).unwrap().unwrap();
-                    assert_eq!(addr, fresh.as_ptr() as usize, "dim {dim} round {round}: id {id} moved");
-                    checked += 1;
                 }
                 assert!(round < 3 || checked > 0, "nothing was shared");
             }

@@ -8,8 +8,9 @@ use crate::error::{Error, InvalidInput, Location, Result};
 use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer};
 use crate::params::IndexParams;
 use crate::store::Store;
-use crate::cache::SharedTable;
-use crate::view::{FrozenVectors, Graph, NodeCache, TxnView};
+use crate::cache::SharedAddrs;
+use crate::quant::OwnedCode;
+use crate::view::{Frozen, Graph, NodeCache, TxnView};
 
 /// One search result.
 #[derive(Clone, Debug, PartialEq)]
@@ -94,8 +95,8 @@ impl Session {
         })
     }
 
-    fn view<'s>(&'s mut self, store: &'s Store, shared: &'s SharedTable, params: &IndexParams) -> TxnView<'s> {
-        let frozen = FrozenVectors::new(shared, self.state.next_id);
+    fn view<'s>(&'s mut self, store: &'s Store, shared: &'s SharedAddrs, params: &IndexParams) -> TxnView<'s> {
+        let frozen = Frozen::new(shared, self.state.next_id);
         // SAFETY: `self.cache` only ever receives pointers read through
         // `self.txn`: it is created with the session and never shared; and
         // `frozen` is derived from the state this txn reads.
@@ -106,7 +107,7 @@ impl Session {
     pub(crate) fn search(
         &mut self,
         store: &Store,
-        shared: &SharedTable,
+        shared: &SharedAddrs,
         params: &IndexParams,
         query: &[f32],
         sp: SearchParams,
@@ -120,17 +121,25 @@ impl Session {
         // many tombstones a longer list would only be filled by visiting
         // every node.
         let ef = sp.ef.max(sp.k).min(self.state.live.max(1) as usize);
-        let frozen = FrozenVectors::new(shared, self.state.next_id);
+        let frozen = Frozen::new(shared, self.state.next_id);
         let Session { cache, scratch, found, txn, .. } = self;
         // SAFETY: `cache` only ever receives pointers read through `txn`: it
         // is created with the session and never shared; `frozen` is derived
         // from the state this txn reads.
         let mut view = unsafe { TxnView::new(txn, store, cache, Some(frozen), params) };
-        let mut best = Scored { dist: metric.distance(query, view.vector(entry)?), id: entry };
+        let code = OwnedCode::new(query);
+        let qc = code.code();
+        let mut best = Scored { dist: metric.code_distance(qc, view.code(entry)?), id: entry };
         for l in (1..=top).rev() {
-            best = greedy_closest(&mut view, scratch, metric, query, best, l)?;
+            best = greedy_closest(&mut view, scratch, metric, qc, best, l)?;
         }
-        search_layer(&mut view, scratch, metric, query, &[best], ef, 0, skip, found)?;
+        search_layer(&mut view, scratch, metric, qc, &[best], ef, 0, skip, found)?;
+        // The walk ranked candidates by their codes; re-score the best ones
+        // with the exact vectors, so results and distances are exact.
+        for s in found.iter_mut() {
+            s.dist = metric.distance(query, view.vector(s.id)?);
+        }
+        found.sort_unstable();
         found.truncate(sp.k);
         let mut hits = Vec::with_capacity(found.len());
         for s in found.iter() {
@@ -149,7 +158,7 @@ impl Session {
     pub(crate) fn get(
         &mut self,
         store: &Store,
-        shared: &SharedTable,
+        shared: &SharedAddrs,
         params: &IndexParams,
         id: u64,
     ) -> Result<Option<StoredPoint>> {

@@ -17,6 +17,9 @@ pub(crate) struct Dbs {
     pub(crate) meta: Db,
     /// internal id (BE u32) → prepared vector (dim × f32 LE).
     pub(crate) vectors: Db,
+    /// internal id → the vector's code (see `quant`), what the graph is
+    /// walked with.
+    pub(crate) codes: Db,
     /// internal id → bottom-layer link list.
     pub(crate) links0: Db,
     /// (level, internal id) → upper-layer link list.
@@ -76,12 +79,13 @@ impl Store {
         // in this process; shoal never opens them with anything else.
         let env = unsafe { builder.open(path) }.map_err(|e| storage(path, e))?;
         let wtxn = env.write_txn().map_err(|e| storage(path, e))?;
-        let (meta, vectors, links0, links_up, nodes, external, payloads, offsets) = env
+        let (meta, vectors, codes, links0, links_up, nodes, external, payloads, offsets) = env
             .create_databases_and_commit(wtxn, |dbo, wtxn| -> heed::Result<_> {
                 let mut create = |name: &'static str| dbo.create_database::<Bytes, Bytes>(wtxn, Some(name));
                 Ok(CommitOrAbort::<_, ()>::Commit((
                     create("meta")?,
                     create("vectors")?,
+                    create("codes")?,
                     create("links0")?,
                     create("links_up")?,
                     create("nodes")?,
@@ -94,7 +98,7 @@ impl Store {
             .unwrap_commit();
         Ok(Store {
             env,
-            dbs: Dbs { meta, vectors, links0, links_up, nodes, external, payloads, offsets },
+            dbs: Dbs { meta, vectors, codes, links0, links_up, nodes, external, payloads, offsets },
             path: path.to_owned(),
             max_map_size: opts.max_map_size,
         })
@@ -142,12 +146,31 @@ pub(crate) fn storage(path: &Path, e: heed::Error) -> Error {
         heed::Error::Io(io) if io.raw_os_error() == Some(libc::ENOSPC) => {
             Error::DiskFull { path: path.to_owned() }
         }
+        // LMDB reports a short write (the device filled up part-way through
+        // a commit's pages) as EIO; say what really happened.
+        heed::Error::Io(io) if io.raw_os_error() == Some(libc::EIO) && device_nearly_full(path) => {
+            Error::DiskFull { path: path.to_owned() }
+        }
         heed::Error::Io(_)
         | heed::Error::Mdb(_)
         | heed::Error::Encoding(_)
         | heed::Error::Decoding(_)
         | heed::Error::EnvAlreadyOpened => Error::Storage { path: path.to_owned(), source: e },
     }
+}
+
+/// True if the file system holding `path` has less than 1 MiB free.
+fn device_nearly_full(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: statvfs only writes into `st`, and `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    #[allow(clippy::unnecessary_cast)] // u32 on some targets
+    let free = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
+    free < 1 << 20
 }
 
 /// True when LMDB ran out of map space (recoverable by growing the map).

@@ -12,14 +12,16 @@
 use heed::{RoTxn, WithoutTls};
 use rustc_hash::FxHashMap;
 
-use crate::cache::{DenseTable, RawPtr, SharedTable};
+use crate::cache::{DenseTable, RawPtr, SharedAddrs};
 use crate::codec::{self, NodeRecord};
 use crate::error::{Error, Result};
 use crate::params::IndexParams;
+use crate::quant::{self, Code};
 use crate::store::Store;
 
 /// Memoised pointers into one transaction's pages.
 pub(crate) struct NodeCache {
+    codes: DenseTable<RawPtr>,
     vectors: DenseTable<RawPtr>,
     /// Keyed by block (see `codec::links0_block_nodes`).
     links0: DenseTable<RawPtr>,
@@ -36,7 +38,8 @@ impl NodeCache {
     /// An empty cache; `budget_bytes` caps each of its tables.
     pub(crate) fn new(budget_bytes: usize) -> Self {
         NodeCache {
-            vectors: DenseTable::with_budget(budget_bytes / 2),
+            codes: DenseTable::with_budget(budget_bytes / 4),
+            vectors: DenseTable::with_budget(budget_bytes / 4),
             links0: DenseTable::with_budget(budget_bytes / 4),
             nodes: DenseTable::with_budget(budget_bytes / 4),
             upper: FxHashMap::default(),
@@ -50,42 +53,51 @@ impl NodeCache {
     }
 
     pub(crate) fn bytes(&self) -> usize {
-        self.vectors.bytes() + self.links0.bytes() + self.nodes.bytes() + self.upper.len() * 24
+        self.codes.bytes() + self.vectors.bytes() + self.links0.bytes() + self.nodes.bytes() + self.upper.len() * 24
     }
 }
 
 /// The graph as one transaction sees it.
 pub(crate) trait Graph<'g> {
-    /// The stored (prepared) vector of `id`.
-    fn vector(&mut self, id: u32) -> Result<&'g [f32]>;
+    /// The code (compact form) of `id`'s vector: what distances in the
+    /// graph are computed on.
+    fn code(&mut self, id: u32) -> Result<Code<'g>>;
     /// The neighbours of `id` on `level`, written into `out`.
     fn links(&mut self, id: u32, level: u8, out: &mut Vec<u32>) -> Result<()>;
     /// True if `id` was deleted or replaced (kept only for routing).
     fn is_tombstone(&mut self, id: u32) -> Result<bool>;
+    /// Hints that the links of `id` on `level` are needed soon: starts
+    /// loading them if their address is already known. Never blocks.
+    fn prefetch_links(&mut self, _id: u32, _level: u8) {}
 }
 
-/// Vector addresses that stay valid across transactions.
+/// Addresses of codes and vectors that stay valid across transactions.
 ///
-/// Vectors are never rewritten and only ever appended under growing ids, so
-/// every leaf page of the vectors database except the rightmost one is never
-/// copied-on-write, never freed and never moves while the map stays where
-/// it is. Addresses of vectors with ids well below the newest committed one
+/// Codes and vectors are never rewritten and only ever appended under
+/// growing ids, so every leaf page of their databases except the rightmost
+/// one is never copied-on-write, never freed and never moves while the map
+/// stays where it is. Addresses of ids well below the newest committed one
 /// can therefore be remembered for the life of the map and shared by all
-/// threads; the index clears the table before it remaps (`Env::resize`).
+/// threads; the index clears the tables before it remaps (`Env::resize`).
 #[derive(Clone, Copy)]
-pub(crate) struct FrozenVectors<'a> {
-    pub(crate) table: &'a SharedTable,
-    /// Ids below this are on full, never-again-written leaf pages. A write
+pub(crate) struct Frozen<'a> {
+    pub(crate) shared: &'a SharedAddrs,
+    /// Ids below these are on full, never-again-written leaf pages. A write
     /// transaction dirties only the rightmost leaf (APPEND) and the pages of
-    /// its own new vectors, all at or above this bound, so even a nested
+    /// its own new entries, all at or above these bounds, so even a nested
     /// reader of an uncommitted transaction sees these ids in the map.
-    pub(crate) below: u32,
+    codes_below: u32,
+    vectors_below: u32,
 }
 
-impl<'a> FrozenVectors<'a> {
-    /// The frozen range of a committed state whose next id is `next_id`.
-    pub(crate) fn new(table: &'a SharedTable, next_id: u32) -> Self {
-        FrozenVectors { table, below: next_id.saturating_sub(table.lag()) }
+impl<'a> Frozen<'a> {
+    /// The frozen ranges of a committed state whose next id is `next_id`.
+    pub(crate) fn new(shared: &'a SharedAddrs, next_id: u32) -> Self {
+        Frozen {
+            shared,
+            codes_below: next_id.saturating_sub(shared.codes.lag()),
+            vectors_below: next_id.saturating_sub(shared.vectors.lag()),
+        }
     }
 }
 
@@ -94,7 +106,9 @@ pub(crate) struct TxnView<'t> {
     txn: &'t RoTxn<'t, WithoutTls>,
     store: &'t Store,
     cache: &'t mut NodeCache,
-    frozen: Option<FrozenVectors<'t>>,
+    frozen: Option<Frozen<'t>>,
+    dim: usize,
+    code_bytes: usize,
     vector_bytes: usize,
     links0_bytes: usize,
     links0_block: u32,
@@ -110,7 +124,7 @@ impl<'t> TxnView<'t> {
         txn: &'t RoTxn<'t, WithoutTls>,
         store: &'t Store,
         cache: &'t mut NodeCache,
-        frozen: Option<FrozenVectors<'t>>,
+        frozen: Option<Frozen<'t>>,
         params: &IndexParams,
     ) -> Self {
         let m0 = params.max_links(0);
@@ -119,6 +133,8 @@ impl<'t> TxnView<'t> {
             store,
             cache,
             frozen,
+            dim: params.dim as usize,
+            code_bytes: quant::code_bytes(params.dim as usize),
             vector_bytes: params.vector_bytes(),
             links0_bytes: codec::links_bytes(m0),
             links0_block: codec::links0_block_nodes(m0) as u32,
@@ -158,10 +174,29 @@ impl<'t> TxnView<'t> {
         NodeRecord::decode(bytes).ok_or_else(|| self.corrupt(format!("record of node {id} is malformed")))
     }
 
-    fn vector_ptr(&mut self, id: u32) -> Result<*const f32> {
-        let frozen = self.frozen.filter(|f| id < f.below);
+    fn code_ptr(&mut self, id: u32) -> Result<*const u8> {
+        let frozen = self.frozen.filter(|f| id < f.codes_below);
         if let Some(f) = frozen {
-            let addr = f.table.get(id);
+            let addr = f.shared.codes.get(id);
+            if addr != 0 {
+                return Ok(addr as *const u8);
+            }
+        }
+        // Recent ids, and frozen ones the shared table had no room for.
+        if let Some(p) = self.cache.codes.get(id).get() {
+            return Ok(p);
+        }
+        let p = self.fetch(self.store.dbs.codes, &codec::id_key(id), self.code_bytes, "code", id)?;
+        if !frozen.is_some_and(|f| f.shared.codes.set(id, p as usize)) {
+            *self.cache.codes.slot(id) = RawPtr::new(p);
+        }
+        Ok(p)
+    }
+
+    fn vector_ptr(&mut self, id: u32) -> Result<*const f32> {
+        let frozen = self.frozen.filter(|f| id < f.vectors_below);
+        if let Some(f) = frozen {
+            let addr = f.shared.vectors.get(id);
             if addr != 0 {
                 return Ok(addr as *const f32);
             }
@@ -174,7 +209,7 @@ impl<'t> TxnView<'t> {
         let addr = p as usize;
         if let Some(f) = frozen
             && addr.is_multiple_of(align_of::<f32>())
-            && f.table.set(id, addr)
+            && f.shared.vectors.set(id, addr)
         {
             return Ok(p.cast());
         }
@@ -192,11 +227,10 @@ impl<'t> TxnView<'t> {
         *self.cache.vectors.slot(id) = RawPtr::new(p.cast());
         Ok(p)
     }
-}
 
-impl<'t> Graph<'t> for TxnView<'t> {
+    /// The exact stored (prepared) vector of `id`.
     #[inline]
-    fn vector(&mut self, id: u32) -> Result<&'t [f32]> {
+    pub(crate) fn vector(&mut self, id: u32) -> Result<&'t [f32]> {
         let p = self.vector_ptr(id)?;
         // SAFETY: `p` is 4-byte aligned and points at dim f32s that live in a
         // page of `self.txn` (or in `cache.unaligned`, which is only freed by
@@ -204,6 +238,17 @@ impl<'t> Graph<'t> for TxnView<'t> {
         // for 't. Values are little-endian f32, the CPU's order on the
         // platforms shoal builds for.
         Ok(unsafe { std::slice::from_raw_parts(p, self.vector_bytes / 4) })
+    }
+}
+
+impl<'t> Graph<'t> for TxnView<'t> {
+    #[inline]
+    fn code(&mut self, id: u32) -> Result<Code<'t>> {
+        let p = self.code_ptr(id)?;
+        // SAFETY: `p` points at code_bytes bytes in a page of `self.txn`
+        // (checked by `fetch` when first read), which lives for 't.
+        let bytes = unsafe { std::slice::from_raw_parts(p, self.code_bytes) };
+        Code::from_bytes(bytes, self.dim).ok_or_else(|| self.corrupt(format!("code of node {id} is malformed")))
     }
 
     #[inline]
@@ -245,6 +290,16 @@ impl<'t> Graph<'t> for TxnView<'t> {
     #[inline]
     fn is_tombstone(&mut self, id: u32) -> Result<bool> {
         Ok(self.node(id)?.is_tombstone())
+    }
+
+    #[inline]
+    fn prefetch_links(&mut self, id: u32, level: u8) {
+        if level == 0
+            && let Some(p) = self.cache.links0.get(id / self.links0_block).get()
+        {
+            let slot = (id % self.links0_block) as usize * self.links0_bytes;
+            crate::hnsw::prefetch(p.wrapping_add(slot), self.links0_bytes);
+        }
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::BinaryHeap;
 use crate::cache::Visited;
 use crate::error::Result;
 use crate::metric::Metric;
+use crate::quant::Code;
 use crate::view::Graph;
 
 /// A node and its distance to the current query.
@@ -38,13 +39,13 @@ pub(crate) struct Scratch {
     candidates: BinaryHeap<Reverse<Scored>>,
     results: BinaryHeap<Scored>,
     links: Vec<u32>,
-    /// Unvisited neighbours of the node being expanded, with their vectors.
+    /// Unvisited neighbours of the node being expanded, with their codes.
     fresh: Fresh,
 }
 
-/// Pointers that are only meaningful during one `search_layer` call; the
+/// Codes that are only meaningful during one `search_layer` call; the
 /// buffer is kept for its capacity and cleared before every use.
-struct Fresh(Vec<(u32, *const f32)>);
+struct Fresh(Vec<(u32, *const u8)>);
 
 // SAFETY: the pointers are never read outside the call that wrote them, so
 // moving the (stale) buffer to another thread is harmless.
@@ -72,7 +73,7 @@ pub(crate) fn greedy_closest<'g, G: Graph<'g>>(
     graph: &mut G,
     scratch: &mut Scratch,
     metric: Metric,
-    query: &[f32],
+    query: Code<'_>,
     mut best: Scored,
     level: u8,
 ) -> Result<Scored> {
@@ -81,7 +82,7 @@ pub(crate) fn greedy_closest<'g, G: Graph<'g>>(
         graph.links(best.id, level, &mut scratch.links)?;
         for i in 0..scratch.links.len() {
             let n = scratch.links[i];
-            let d = metric.distance(query, graph.vector(n)?);
+            let d = metric.code_distance(query, graph.code(n)?);
             if d < best.dist {
                 best = Scored { dist: d, id: n };
                 moved = true;
@@ -102,7 +103,7 @@ pub(crate) fn search_layer<'g, G: Graph<'g>>(
     graph: &mut G,
     scratch: &mut Scratch,
     metric: Metric,
-    query: &[f32],
+    query: Code<'_>,
     entry: &[Scored],
     ef: usize,
     level: u8,
@@ -126,33 +127,39 @@ pub(crate) fn search_layer<'g, G: Graph<'g>>(
         results.pop();
     }
     let mut bound = if results.len() >= ef { results.peek().map_or(f32::INFINITY, |r| r.dist) } else { f32::INFINITY };
-    let dim = query.len();
+    let dim = query.dim();
+    let code_bytes = crate::quant::code_bytes(dim);
 
     while let Some(Reverse(c)) = candidates.pop() {
         if c.dist > bound && results.len() >= ef {
             break;
         }
+        // The next candidate's links are needed right after this one's
+        // distances: start loading them now (as hnswlib does).
+        if let Some(Reverse(next)) = candidates.peek() {
+            graph.prefetch_links(next.id, level);
+        }
         graph.links(c.id, level, links)?;
-        // Resolve every unvisited neighbour's vector first and start pulling
+        // Resolve every unvisited neighbour's code first and start pulling
         // it towards the CPU: the distance loop below is bound by memory
         // latency, not arithmetic, so the loads must be in flight early.
         fresh.clear();
         for &n in links.iter() {
             if visited.insert(n) {
-                let v = graph.vector(n)?;
-                prefetch(v.as_ptr().cast(), 2 * 64);
-                fresh.push((n, v.as_ptr()));
+                let code = graph.code(n)?;
+                prefetch(code.as_ptr(), 2 * 64);
+                fresh.push((n, code.as_ptr()));
             }
         }
         for i in 0..fresh.len() {
             if let Some(&(_, next)) = fresh.get(i + 1) {
-                prefetch(next.cast(), dim * 4);
+                prefetch(next, code_bytes);
             }
-            let (n, v) = fresh[i];
-            // SAFETY: `v` came from `graph.vector` in this call and points at
-            // `dim` floats that live as long as the graph's transaction.
-            let v = unsafe { std::slice::from_raw_parts(v, dim) };
-            let d = metric.distance(query, v);
+            let (n, p) = fresh[i];
+            // SAFETY: `p` came from `graph.code` in this call: a code of
+            // `dim` components that lives as long as the graph's transaction.
+            let code = unsafe { Code::from_raw(p, dim) };
+            let d = metric.code_distance(query, code);
             if results.len() < ef || d < bound {
                 candidates.push(Reverse(Scored { dist: d, id: n }));
                 if !(skip_tombstones && graph.is_tombstone(n)?) {
@@ -175,7 +182,7 @@ pub(crate) fn search_layer<'g, G: Graph<'g>>(
 
 /// Asks the CPU to start loading `bytes` bytes at `p` into its caches.
 #[inline(always)]
-fn prefetch(p: *const u8, bytes: usize) {
+pub(crate) fn prefetch(p: *const u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};

@@ -3,6 +3,7 @@
 use crate::error::Result;
 use crate::hnsw::Scored;
 use crate::metric::Metric;
+use crate::quant::Code;
 use crate::view::Graph;
 
 /// HNSW's neighbour-selection heuristic (the paper's algorithm 4, as in
@@ -24,13 +25,13 @@ pub(crate) fn select_neighbours<'g, G: Graph<'g>>(
         out.extend(candidates.iter().map(|c| c.id));
         return Ok(());
     }
-    let mut kept: Vec<&'g [f32]> = Vec::with_capacity(m);
+    let mut kept: Vec<Code<'g>> = Vec::with_capacity(m);
     for c in candidates {
         if out.len() >= m {
             break;
         }
-        let v = graph.vector(c.id)?;
-        if kept.iter().all(|k| metric.distance(v, k) >= c.dist) {
+        let v = graph.code(c.id)?;
+        if kept.iter().all(|&k| metric.code_distance(v, k) >= c.dist) {
             out.push(c.id);
             kept.push(v);
         }
