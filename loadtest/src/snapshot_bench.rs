@@ -96,8 +96,17 @@ pub(crate) fn run(a: Args) -> Result<()> {
         results.push(r);
     }
     drop(index);
+    // Once more after the stores, so a noisy neighbour during one of the
+    // two runs does not decide the comparison; the faster run counts.
+    let again = baselines(&src, work.path(), a.zstd_level)?;
+    let baseline = Baseline {
+        cp_secs: baseline.cp_secs.min(again.cp_secs),
+        tar_zstd_secs: baseline.tar_zstd_secs.min(again.tar_zstd_secs),
+        tar_zstd_bytes: baseline.tar_zstd_bytes,
+        untar_secs: baseline.untar_secs.min(again.untar_secs),
+    };
 
-    println!("\n== summary (MiB/s of data file; the page cache is warm for every line)");
+    println!("\n== summary (MiB/s of data file; the page cache is warm for every line; baselines: the faster of two runs)");
     println!("{:<34} {:>9} {:>10} {:>10}", "", "seconds", "MiB/s", "size MiB");
     let line = |name: &str, s: f64, size: u64| println!("{name:<34} {s:>9.2} {:>10.0} {:>10.1}", mib(used) / s, mib(size));
     line("cp data.mdb", baseline.cp_secs, file_bytes);

@@ -70,8 +70,11 @@ impl SnapshotStore {
             std::env::current_dir().map_err(|e| SnapshotError::io(".", e))?.join(path)
         };
         std::fs::create_dir_all(&abs).map_err(|e| SnapshotError::io(&abs, e))?;
+        // fsync every object (and its directory): a manifest must never
+        // be durable before the chunks it names.
         let store = LocalFileSystem::new_with_prefix(&abs)
-            .map_err(|e| SnapshotError::BadUrl { url: url.to_owned(), reason: e.to_string() })?;
+            .map_err(|e| SnapshotError::BadUrl { url: url.to_owned(), reason: e.to_string() })?
+            .with_fsync(true);
         Ok(SnapshotStore { store: Arc::new(store), display: format!("file://{}", abs.display()) })
     }
 
