@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
-use shoal_engine::{Batch, Index, IndexOptions, IndexParams, Metric, SearchParams};
+use shoal_engine::{Batch, Index, IndexOptions, IndexParams, Metric, Rescore, SearchParams};
 
 use crate::fvecs::VecFile;
 use crate::groundtruth;
@@ -55,6 +55,22 @@ pub(crate) struct Args {
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Search candidates re-scored with exact vectors: `all`, or `kN` for
+    /// the best max(k × N, 20) (the engine's default is `k2`).
+    #[arg(long, default_value = "k2", value_parser = parse_rescore)]
+    rescore: Rescore,
+}
+
+fn parse_rescore(s: &str) -> Result<Rescore, String> {
+    match s {
+        "all" => Ok(Rescore::All),
+        _ => s
+            .strip_prefix('k')
+            .and_then(|n| n.parse::<u16>().ok())
+            .filter(|&n| n > 0)
+            .map(Rescore::TopK)
+            .ok_or_else(|| format!("--rescore takes `all` or `kN` (N ≥ 1), not {s:?}")),
+    }
 }
 
 const K: usize = 10;
@@ -84,7 +100,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         }
     };
     let params = IndexParams::new(base.dim() as u32, a.metric).with_m(a.m).with_ef_construction(a.ef_construction);
-    let opts = IndexOptions { build_threads: a.threads, ..IndexOptions::default() };
+    let opts = IndexOptions { build_threads: a.threads, rescore: a.rescore, ..IndexOptions::default() };
     let root = match &a.dir {
         Some(d) => {
             std::fs::create_dir_all(d)?;
@@ -164,7 +180,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     let out = json!({
         "lib": "shoal",
         "params": {"m": a.m, "ef_construction": a.ef_construction, "threads": a.threads, "metric": a.metric.name(),
-                   "batch_size": a.batch_size},
+                   "batch_size": a.batch_size, "rescore": format!("{:?}", a.rescore)},
         "build": {"vectors": n, "seconds": round(secs, 3), "vectors_per_s": round(n as f64 / secs, 1),
                   "disk_bytes": stats.disk_bytes, "raw_bytes": raw, "peak_rss_anon_bytes": build_peak,
                   "batches": batch_peaks, "max_level": stats.max_level, "unaligned_vectors": unaligned},

@@ -44,7 +44,7 @@ mod view;
 pub use batch::{Batch, BatchOutcome, MAX_SOURCE_BYTES, Op, Point, SourceOffset};
 pub use copy::{CopyInfo, CopyMode};
 pub use error::{Error, InvalidInput, Location, Result};
-pub use index::{Index, IndexOptions, IndexStats, Snapshot};
+pub use index::{Index, IndexOptions, IndexStats, Rescore, Snapshot};
 pub use metric::{Metric, VectorError};
 pub use params::{IndexParams, MAX_DIM};
 pub use session::{Hit, MAX_EF, MAX_K, SearchParams, StoredPoint};

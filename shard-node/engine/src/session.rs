@@ -5,6 +5,7 @@ use heed::{RoTxn, WithoutTls};
 
 use crate::codec::{self, NodeRecord, State};
 use crate::error::{Error, InvalidInput, Location, Result};
+use crate::index::Rescore;
 use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer};
 use crate::params::IndexParams;
 use crate::store::Store;
@@ -111,6 +112,7 @@ impl Session {
         params: &IndexParams,
         query: &[f32],
         sp: SearchParams,
+        rescore: Rescore,
     ) -> Result<Vec<Hit>> {
         let Some((entry, top)) = self.state.entry.filter(|_| self.state.live > 0) else {
             return Ok(Vec::new());
@@ -136,6 +138,7 @@ impl Session {
         search_layer(&mut view, scratch, metric, qc, &[best], ef, 0, skip, found)?;
         // The walk ranked candidates by their codes; re-score the best ones
         // with the exact vectors, so results and distances are exact.
+        found.truncate(rescore.count(sp.k, found.len()));
         for s in found.iter_mut() {
             s.dist = metric.distance(query, view.vector(s.id)?);
         }
