@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Cold-cache costs of shoal and of the LMDB-based peer hannoy on the pypi set,
 # one after the other in one run (issue 8; docs/network-disks.md): per
-# library a 100k index is built once (kept in $DISK_BENCH_DIR), then warm,
-# cold and cgroup (memory limited to --memory-fraction of the environment)
-# runs of a 1,000-vector insert and 1,000 searches at ef=64. shoal with
-# readahead off (its default) and on, hannoy with readahead on (its and
-# LMDB's default) and off. Prints the table of `disk-compare`.
+# library a 100k index is built once (kept in $DISK_BENCH_DIR), then warm
+# and cold runs of a 1,000-vector insert and 1,000 searches at ef=64, with
+# readahead off and on (shoal's default is off, hannoy's and LMDB's on), and
+# with readahead off a cgroup run (memory limited to a quarter of the
+# environment; with readahead on, 8 MiB read-around per fault on this disk
+# makes that run thrash for many minutes, so it is left out). Prints the
+# table of `disk-compare`.
 #
 #   loadtest/disk-peers.sh [--limit N] [--memory-fraction F] ...
 # Extra arguments go to every run. Output: bench-out/disk-*.json.
@@ -20,16 +22,21 @@ work=${DISK_BENCH_DIR:-$PWD/target/disk-bench}
 mkdir -p "$out" "$work"
 flags=(--base "$ds/base.fvecs" --query "$ds/query.fvecs" --groundtruth "$ds/groundtruth.ivecs"
        --metric cosine --m 16 --ef-construction 100 --threads 2 --ef 64
-       --modes warm,cold --memory-fraction 0.25 --dir "$work" --keep --reuse "$@")
+       --modes warm,cold --dir "$work" --keep --reuse "$@")
 cargo build --release -q -p loadtest
 cargo build --release -q --manifest-path loadtest/hannoy-cold/Cargo.toml --target-dir target/hannoy-cold
+cgroup=(--memory-fraction "${MEMORY_FRACTION:-0.25}")
 for ra in off on; do
   echo "== shoal, readahead $ra" >&2
-  ./target/release/shoal-loadtest disk-bench "${flags[@]}" --read-ahead "$ra" --json "$out/disk-shoal-ra-$ra.json" >/dev/null
+  extra=(); [[ $ra == off ]] && extra=("${cgroup[@]}")
+  ./target/release/shoal-loadtest disk-bench "${flags[@]}" --read-ahead "$ra" "${extra[@]}" \
+    --json "$out/disk-shoal-ra-$ra.json" >/dev/null
 done
 for ra in on off; do
   echo "== hannoy, readahead $ra" >&2
-  ./target/hannoy-cold/release/hannoy-cold "${flags[@]}" --read-ahead "$ra" --json "$out/disk-hannoy-ra-$ra.json" >/dev/null
+  extra=(); [[ $ra == off ]] && extra=("${cgroup[@]}")
+  ./target/hannoy-cold/release/hannoy-cold "${flags[@]}" --read-ahead "$ra" "${extra[@]}" \
+    --json "$out/disk-hannoy-ra-$ra.json" >/dev/null
 done
 ./target/release/shoal-loadtest disk-compare --against hannoy \
   "$out"/disk-shoal-ra-off.json "$out"/disk-shoal-ra-on.json "$out"/disk-hannoy-ra-on.json "$out"/disk-hannoy-ra-off.json

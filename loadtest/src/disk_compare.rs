@@ -35,9 +35,20 @@ fn num(v: &Value) -> Option<f64> {
     v.as_f64()
 }
 
+/// Bytes read per inserted vector or per query: what reached the slowfs
+/// when the run was on one (the process's `read_bytes` is zero on FUSE),
+/// else the process's `read_bytes`.
+fn bytes_per(run: &Value, file: &Value, op: &str) -> Option<f64> {
+    let n = num(&file["params"][if op == "insert" { "inserts" } else { "queries" }]);
+    match (num(&run[op]["slowfs_read_bytes"]), n) {
+        (Some(b), Some(n)) if n > 0.0 => Some(b / n),
+        _ => num(&run[op][if op == "insert" { "per_vector" } else { "per_query" }]["read_bytes"]),
+    }
+}
+
 fn label(file: &Value, mode: &str) -> String {
     let ra = if file["params"]["read_ahead"].as_bool() == Some(true) { "ra on" } else { "ra off" };
-    let slow = if file["runs"].as_array().is_some_and(|r| r.iter().any(|r| r["insert"]["slowfs_reads"].is_u64())) {
+    let slow = if file["runs"].as_array().is_some_and(|r| r.iter().any(|r| r["insert"]["slowfs_reads"].is_number())) {
         " slowfs"
     } else {
         ""
@@ -91,17 +102,17 @@ pub(crate) fn table(files: &[Value], against: &str) -> String {
             let mode = r["mode"].as_str().unwrap_or("?");
             let b = reference(mode);
             let (i, s) = (&r["insert"]["per_vector"], &r["search"]["per_query"]);
-            let bi = b.and_then(|b| num(&b["insert"]["per_vector"]["read_bytes"]));
-            let bs = b.and_then(|b| num(&b["search"]["per_query"]["read_bytes"]));
+            let bi = b.and_then(|b| bytes_per(b, file, "insert"));
+            let bs = b.and_then(|b| bytes_per(b, file, "search"));
             let is_ref = file["lib"].as_str() == Some(against);
             row(&[
                 label(file, mode),
-                cell(num(&i["read_bytes"]), if is_ref { None } else { bi }, 1024.0, 1),
+                cell(bytes_per(r, file, "insert"), if is_ref { None } else { bi }, 1024.0, 1),
                 cell(num(&i["major_faults"]), None, 1.0, 2),
                 cell(num(&i["pages_touched"]), None, 1.0, 2),
                 cell(num(&r["insert"]["wall_ms"]), None, 1.0, 0),
                 cell(num(&i["modelled_disk_ms"]), None, 1.0, 2),
-                cell(num(&s["read_bytes"]), if is_ref { None } else { bs }, 1024.0, 1),
+                cell(bytes_per(r, file, "search"), if is_ref { None } else { bs }, 1024.0, 1),
                 cell(num(&s["major_faults"]), None, 1.0, 1),
                 cell(num(&s["pages_touched"]), None, 1.0, 1),
                 cell(num(&s["wall_ms"]), None, 1.0, 3),
@@ -164,5 +175,16 @@ mod tests {
         assert!(t.contains("4.0 (0.50x)"), "{t}");
         assert!(t.contains("250 / 100 ms = 2.50x"), "{t}");
         assert!(t.contains("hannoy ra on: skipped cgroup: no cgroups"), "{t}");
+    }
+
+    #[test]
+    fn on_slowfs_the_bytes_that_reached_it_are_used() {
+        let mut r = run("cold", 0.0, 0.0, 100.0);
+        r["insert"]["slowfs_read_bytes"] = json!(10240.0 * 1000.0);
+        r["insert"]["slowfs_reads"] = json!(2500);
+        let shoal = json!({"lib": "shoal", "params": {"read_ahead": false, "inserts": 1000, "queries": 100}, "runs": [r]});
+        let t = table(&[shoal], "hannoy");
+        assert!(t.contains("shoal ra off cold slowfs"), "{t}");
+        assert!(t.contains("10.0 "), "{t}");
     }
 }
