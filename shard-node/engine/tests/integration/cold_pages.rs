@@ -39,7 +39,10 @@ const CLUSTER: u64 = 250;
 const SMALL: u64 = 5_000;
 const LARGE: u64 = 40_000;
 /// Allowed growth of the pages a batch reads when the index is 8x larger.
-const MAX_GROWTH: f64 = 2.5;
+/// The graph walk itself grows ~2x here (1.8x-2.5x measured: nodes keep
+/// links to other clusters, and there are 8x more of them, whose codes
+/// lie on other pages); work proportional to the index grows ~8x.
+const MAX_GROWTH: f64 = 3.0;
 
 /// Which pages of `path` are in the page cache (`mincore` on a separate
 /// read-only mapping, which faults nothing in).
