@@ -49,6 +49,13 @@ pub(crate) struct Args {
     /// Skip the 1k-into-10k/30k/100k insert measurements.
     #[arg(long)]
     no_incremental: bool,
+    /// Index sizes the incremental inserts go into (those that leave room
+    /// for the inserted vectors in the base file).
+    #[arg(long, default_value = "10000,30000,100000", value_delimiter = ',')]
+    incremental_sizes: Vec<usize>,
+    /// Vectors per incremental insert (one batch).
+    #[arg(long, default_value_t = 1000)]
+    incremental_batch: usize,
     /// Directory for the index environments (default: the system temp dir).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -151,9 +158,11 @@ pub(crate) fn run(a: Args) -> Result<()> {
     // Incremental inserts.
     let mut incremental = Vec::new();
     if !a.no_incremental {
-        for size in [10_000usize, 30_000, 100_000] {
-            if size + 1000 > n {
-                break;
+        let added = a.incremental_batch;
+        for &size in &a.incremental_sizes {
+            if size + added > base.len() {
+                eprintln!("skipping {added} into {size}: the base file has {} vectors", base.len());
+                continue;
             }
             let d = root.path().join(format!("inc-{size}"));
             let idx = Index::open_or_create(&d, params, opts.clone())?;
@@ -163,14 +172,14 @@ pub(crate) fn run(a: Args) -> Result<()> {
                 idx.apply(read_batch(&base, s, e)?)?;
                 s = e;
             }
-            let batch = read_batch(&base, size, size + 1000)?;
+            let batch = read_batch(&base, size, size + added)?;
             let sampler = PeakSampler::start();
             let t = Instant::now();
             idx.apply(batch)?;
-            let ms = t.elapsed().as_secs_f64() * 1000.0 / 1000.0;
+            let ms = t.elapsed().as_secs_f64() * 1000.0 / added as f64;
             let peak = sampler.finish();
-            eprintln!("1000 into {size}: {ms:.4} ms/vector, peak RssAnon {} MiB", peak >> 20);
-            incremental.push(json!({"base": size, "added": 1000, "ms_per_vector": round(ms, 4), "peak_rss_anon_bytes": peak}));
+            eprintln!("{added} into {size}: {ms:.4} ms/vector, peak RssAnon {} MiB", peak >> 20);
+            incremental.push(json!({"base": size, "added": added, "ms_per_vector": round(ms, 4), "peak_rss_anon_bytes": peak}));
             drop(idx);
             std::fs::remove_dir_all(&d).ok();
         }

@@ -11,6 +11,7 @@ mod index_bench;
 mod memory;
 mod snapshot_bench;
 mod slowfs;
+mod synth;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +39,8 @@ enum Command {
     DiskBench(disk_bench::Args),
     /// Print disk-bench and hannoy-cold JSON files side by side.
     DiskCompare(disk_compare::Args),
+    /// Write a synthetic .fvecs file (clustered Gaussian vectors).
+    Synth(synth::Args),
     /// Mount a FUSE passthrough that adds latency to every read (a
     /// simulated network disk).
     Slowfs(slowfs::Args),
@@ -52,5 +55,6 @@ fn main() -> anyhow::Result<()> {
         Command::DiskBench(a) => disk_bench::run(a),
         Command::DiskCompare(a) => disk_compare::run(a),
         Command::Slowfs(a) => slowfs::run(a),
+        Command::Synth(a) => synth::run(a),
     }
 }

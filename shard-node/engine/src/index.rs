@@ -481,7 +481,7 @@ impl Index {
                 None => Ok(false),
             })?;
         }
-        let _span = tracing::debug_span!("write_links").entered();
+        let _span = tracing::debug_span!("write_links", lists = tracing::field::Empty, blocks = tracing::field::Empty).entered();
         let changes = overlay.into_changes();
         self.write_links(wtxn, changes, first_new)?;
         Ok(entry)
@@ -490,6 +490,8 @@ impl Index {
     /// Writes every changed link list: upper layers one value per node,
     /// the bottom layer as whole blocks (read, patched, rewritten).
     fn write_links(&self, wtxn: &mut RwTxn<'_>, changes: crate::build::LinkChanges, first_new: u32) -> Result<(), Attempt> {
+        let span = tracing::Span::current();
+        let changes_len = changes.touched.len() + changes.new.len();
         let dbs = &self.store.dbs;
         let err = |e| attempt(&self.store, e);
         let mut bottom: Vec<(u32, &[u32])> = Vec::with_capacity(changes.new.len() + changes.touched.len());
@@ -516,7 +518,9 @@ impl Index {
         // Blocks that held no node before this batch do not exist yet.
         let first_unwritten_block = first_new.div_ceil(per_block);
         let mut i = 0;
+        let mut blocks = 0usize;
         while i < bottom.len() {
+            blocks += 1;
             let block = bottom[i].0 / per_block;
             let key = codec::id_key(block);
             buf.clear();
@@ -536,6 +540,7 @@ impl Index {
                 dbs.links0.put_with_flags(wtxn, PutFlags::APPEND, &key, &buf).map_err(err)?;
             }
         }
+        span.record("lists", changes_len).record("blocks", blocks);
         Ok(())
     }
 
