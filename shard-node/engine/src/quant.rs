@@ -26,30 +26,21 @@ pub(crate) fn code_bytes(dim: usize) -> usize {
     HEADER + dim
 }
 
-/// A borrowed code.
+/// A borrowed code: its stored bytes, read only when a distance needs them.
+///
+/// Making one touches no memory, so the graph code can resolve many codes
+/// and prefetch them before the first distance waits for any.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Code<'a> {
-    /// Multiplier from `i8` units back to the vector's scale.
-    scale: f32,
-    /// Exact squared length of the vector.
-    norm2: f32,
-    q: &'a [i8],
+    bytes: &'a [u8],
 }
 
 impl<'a> Code<'a> {
-    /// Reads a code from its stored bytes; `None` if they are not one of
-    /// `dim` components (corruption).
+    /// A code over its stored bytes; `None` if they are not one of `dim`
+    /// components (corruption). Reads only the slice's length.
     #[inline]
     pub(crate) fn from_bytes(bytes: &'a [u8], dim: usize) -> Option<Code<'a>> {
-        if bytes.len() != code_bytes(dim) {
-            return None;
-        }
-        let scale = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        let norm2 = f32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-        // SAFETY: i8 and u8 have the same size and alignment, and every bit
-        // pattern is valid for both.
-        let q = unsafe { std::slice::from_raw_parts(bytes[HEADER..].as_ptr().cast::<i8>(), dim) };
-        Some(Code { scale, norm2, q })
+        (bytes.len() == code_bytes(dim)).then_some(Code { bytes })
     }
 
     /// The code whose stored bytes start at `p`.
@@ -60,23 +51,40 @@ impl<'a> Code<'a> {
     #[inline]
     pub(crate) unsafe fn from_raw(p: *const u8, dim: usize) -> Code<'a> {
         // SAFETY: the caller's contract.
-        let bytes = unsafe { std::slice::from_raw_parts(p, code_bytes(dim)) };
-        match Code::from_bytes(bytes, dim) {
-            Some(c) => c,
-            None => unreachable!("the slice has code_bytes(dim) bytes"),
-        }
+        Code { bytes: unsafe { std::slice::from_raw_parts(p, code_bytes(dim)) } }
+    }
+
+    /// Multiplier from `i8` units back to the vector's scale.
+    #[inline]
+    fn scale(&self) -> f32 {
+        f32::from_le_bytes([self.bytes[0], self.bytes[1], self.bytes[2], self.bytes[3]])
+    }
+
+    /// Exact squared length of the vector.
+    #[inline]
+    fn norm2(&self) -> f32 {
+        f32::from_le_bytes([self.bytes[4], self.bytes[5], self.bytes[6], self.bytes[7]])
+    }
+
+    /// The components.
+    #[inline]
+    fn q(&self) -> &'a [i8] {
+        let body = &self.bytes[HEADER..];
+        // SAFETY: i8 and u8 have the same size and alignment, and every bit
+        // pattern is valid for both.
+        unsafe { std::slice::from_raw_parts(body.as_ptr().cast::<i8>(), body.len()) }
     }
 
     /// Number of components.
     #[inline]
     pub(crate) fn dim(&self) -> usize {
-        self.q.len()
+        self.bytes.len() - HEADER
     }
 
     /// Where the stored bytes start (for prefetching).
     #[inline]
     pub(crate) fn as_ptr(&self) -> *const u8 {
-        self.q.as_ptr().cast::<u8>().wrapping_sub(HEADER)
+        self.bytes.as_ptr()
     }
 }
 
@@ -119,11 +127,11 @@ impl Metric {
     pub(crate) fn code_distance(self, a: Code<'_>, b: Code<'_>) -> f32 {
         // The i8 dot product is exact (integer sums); only the rounding of
         // the components is approximate.
-        let dot = a.scale * b.scale * i8::dot(a.q, b.q).unwrap_or(f64::NAN) as f32;
+        let dot = a.scale() * b.scale() * i8::dot(a.q(), b.q()).unwrap_or(f64::NAN) as f32;
         match self {
             Metric::Cosine => 1.0 - dot,
             Metric::Dot => -dot,
-            Metric::Euclidean => a.norm2 + b.norm2 - 2.0 * dot,
+            Metric::Euclidean => a.norm2() + b.norm2() - 2.0 * dot,
         }
     }
 }
@@ -176,12 +184,13 @@ mod tests {
         fn codes_round_trip_their_bytes(v in proptest::collection::vec(-1e6f32..1e6, 1..64)) {
             let c = OwnedCode::new(&v);
             let code = c.code();
-            prop_assert_eq!(code.q.len(), v.len());
+            prop_assert_eq!(code.q().len(), v.len());
+            prop_assert_eq!(code.dim(), v.len());
             prop_assert_eq!(code.as_ptr(), c.bytes.as_ptr());
             let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
             // Every component is within half a step of the original.
-            for (x, q) in v.iter().zip(code.q) {
-                prop_assert!((x - f32::from(*q) * code.scale).abs() <= code.scale * 0.5001 + max * 1e-6);
+            for (x, q) in v.iter().zip(code.q()) {
+                prop_assert!((x - f32::from(*q) * code.scale()).abs() <= code.scale() * 0.5001 + max * 1e-6);
             }
             prop_assert!(Code::from_bytes(&c.bytes[1..], v.len()).is_none());
         }
