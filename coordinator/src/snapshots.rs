@@ -135,6 +135,12 @@ impl Cluster {
             Some(_) if !replace => {
                 return Err(ShoalError::already_exists(format!("collection {name} exists; set replace to overwrite its shards")));
             }
+            Some(c) if (c.spec.dimension, c.spec.metric) != (first.dimension, first.metric) => {
+                return Err(ShoalError::invalid(format!(
+                    "collection {name} here has dimension {} and metric {}, the snapshot {} and {}; drop the collection first to restore it",
+                    c.spec.dimension, c.spec.metric, first.dimension, first.metric
+                )));
+            }
             Some(c) => c.placement.clone(),
             None => {
                 let members = self.meta.members();

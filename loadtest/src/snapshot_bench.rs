@@ -45,6 +45,11 @@ pub(crate) struct Args {
     /// Points upserted before the second snapshot.
     #[arg(long, default_value_t = 100)]
     small_ingest: usize,
+    /// Rounds of baseline, snapshot and restore (each snapshot into an
+    /// empty prefix); medians are reported. The machine is shared, so one
+    /// run can land on a noisy neighbour.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Build threads (the calling thread included).
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -85,28 +90,45 @@ pub(crate) fn run(a: Args) -> Result<()> {
     let used = index.used_bytes()?;
     println!("rebuild from raw vectors: {build_secs:.1}s; data.mdb {:.1} MiB (used {:.1} MiB)", mib(file_bytes), mib(used));
 
-    let baseline = baselines(&src, work.path(), a.zstd_level)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let stores = if a.store.is_empty() { vec![work.path().join("store").to_string_lossy().into_owned()] } else { a.store.clone() };
+    let mut base_runs = Vec::new();
+    let mut store_runs: Vec<Vec<(f64, f64, u64)>> = vec![Vec::new(); stores.len()];
+    for round in 0..a.rounds.max(1) {
+        println!("\n== round {}", round + 1);
+        base_runs.push(baselines(&src, work.path(), a.zstd_level)?);
+        for (si, url) in stores.iter().enumerate() {
+            let store = SnapshotStore::open(&in_round(url, round))?;
+            let r = rt.block_on(snapshot_and_restore(&a, &store, &index, &opts, work.path(), build_secs))?;
+            store_runs[si].push(r);
+        }
+    }
+    let baseline = Baseline {
+        cp_secs: median(base_runs.iter().map(|b| b.cp_secs)),
+        tar_zstd_secs: median(base_runs.iter().map(|b| b.tar_zstd_secs)),
+        tar_zstd_bytes: base_runs[0].tar_zstd_bytes,
+        untar_secs: median(base_runs.iter().map(|b| b.untar_secs)),
+    };
     let mut results = Vec::new();
     for (si, url) in stores.iter().enumerate() {
-        let store = SnapshotStore::open(url)?;
-        println!("\n== store {}", store.url());
-        let r = rt.block_on(measure_store(&a, &store, &index, &opts, work.path(), si, build_secs))?;
-        results.push(r);
+        let store = SnapshotStore::open(&in_round(url, a.rounds.max(1)))?;
+        println!("\n== incremental, store {}", store.url());
+        let incremental = rt.block_on(incremental(&a, &store, &index, si))?;
+        let runs = &store_runs[si];
+        results.push(json!({
+            "store": store.url().split(':').next().unwrap_or("?"),
+            "url": store.url(),
+            "snapshot_secs": median(runs.iter().map(|r| r.0)),
+            "restore_secs": median(runs.iter().map(|r| r.1)),
+            "stored_bytes": runs[0].2,
+            "snapshot_runs": runs.iter().map(|r| r.0).collect::<Vec<_>>(),
+            "restore_runs": runs.iter().map(|r| r.1).collect::<Vec<_>>(),
+            "incremental": incremental,
+        }));
     }
     drop(index);
-    // Once more after the stores, so a noisy neighbour during one of the
-    // two runs does not decide the comparison; the faster run counts.
-    let again = baselines(&src, work.path(), a.zstd_level)?;
-    let baseline = Baseline {
-        cp_secs: baseline.cp_secs.min(again.cp_secs),
-        tar_zstd_secs: baseline.tar_zstd_secs.min(again.tar_zstd_secs),
-        tar_zstd_bytes: baseline.tar_zstd_bytes,
-        untar_secs: baseline.untar_secs.min(again.untar_secs),
-    };
 
-    println!("\n== summary (MiB/s of data file; the page cache is warm for every line; baselines: the faster of two runs)");
+    println!("\n== summary (medians of {} rounds; MiB/s of data file; the page cache is warm for every line)", a.rounds.max(1));
     println!("{:<34} {:>9} {:>10} {:>10}", "", "seconds", "MiB/s", "size MiB");
     let line = |name: &str, s: f64, size: u64| println!("{name:<34} {s:>9.2} {:>10.0} {:>10.1}", mib(used) / s, mib(size));
     line("cp data.mdb", baseline.cp_secs, file_bytes);
@@ -129,7 +151,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
         "shard": what, "vectors": vectors.len(), "dim": dim, "zstd_level": a.zstd_level, "chunk_kib": a.chunk_kib,
         "file_bytes": file_bytes, "used_bytes": used, "build_secs": build_secs,
         "baseline": { "cp_secs": baseline.cp_secs, "tar_zstd_secs": baseline.tar_zstd_secs,
-                      "tar_zstd_bytes": baseline.tar_zstd_bytes, "untar_secs": baseline.untar_secs },
+                      "tar_zstd_bytes": baseline.tar_zstd_bytes, "untar_secs": baseline.untar_secs,
+                      "tar_zstd_runs": base_runs.iter().map(|b| b.tar_zstd_secs).collect::<Vec<_>>() },
         "stores": results,
     });
     if let Some(p) = &a.json {
@@ -190,38 +213,50 @@ fn baselines(src: &Path, work: &Path, level: i32) -> Result<Baseline> {
     Ok(Baseline { cp_secs, tar_zstd_secs, tar_zstd_bytes, untar_secs })
 }
 
-async fn measure_store(
+/// `url` with a sub-prefix per round, so every round's snapshot starts
+/// from an empty store (no chunk reuse).
+fn in_round(url: &str, round: usize) -> String {
+    match url.split_once('?') {
+        Some((base, query)) => format!("{}/r{round}?{query}", base.trim_end_matches('/')),
+        None => format!("{}/r{round}", url.trim_end_matches('/')),
+    }
+}
+
+fn median(xs: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = xs.collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// One full snapshot into an empty store, then a restore that ends with the
+/// index open and a first search answered. (seconds, seconds, stored bytes)
+async fn snapshot_and_restore(
     a: &Args,
     store: &SnapshotStore,
     index: &Arc<Index>,
     engine: &IndexOptions,
     work: &Path,
-    si: usize,
     build_secs: f64,
-) -> Result<serde_json::Value> {
+) -> Result<(f64, f64, u64)> {
     let snap_opts = SnapshotOptions { zstd_level: a.zstd_level, chunk_size: a.chunk_kib << 10, ..SnapshotOptions::default() };
-    let target = |name: &str| SnapshotTarget { collection: name.into(), shard: 0, shard_count: 1, id: None };
-    let collection = format!("bench{si}");
+    let target = SnapshotTarget { collection: "bench".into(), shard: 0, shard_count: 1, id: None };
     let t = Instant::now();
-    let m = shoal_snapshot::create_snapshot(store, Arc::clone(index), &target(&collection), &snap_opts, Arc::new(Progress::new(Operation::Snapshot)))
-        .await?;
+    let m = shoal_snapshot::create_snapshot(store, Arc::clone(index), &target, &snap_opts, Arc::new(Progress::new(Operation::Snapshot))).await?;
     let snapshot_secs = t.elapsed().as_secs_f64();
     println!(
-        "snapshot: {snapshot_secs:.2}s, {:.0} MiB/s; {:.1} MiB -> {:.1} MiB stored ({:.1}% of the data file) in {} chunks, {} uploaded",
+        "snapshot to {}: {snapshot_secs:.2}s, {:.0} MiB/s; {:.1} MiB -> {:.1} MiB stored ({:.1}%) in {} chunks",
+        store.url(),
         mib(m.image_bytes) / snapshot_secs,
         mib(m.image_bytes),
         mib(m.stored_bytes),
         100.0 * m.stored_bytes as f64 / m.image_bytes as f64,
         m.chunks.len(),
-        m.uploaded_chunks
     );
-
-    let staging = work.join(format!("restore{si}"));
+    let staging = work.join("restore");
     let ropts = RestoreOptions { engine: engine.clone(), transfer: TransferOptions::default(), ..RestoreOptions::default() };
-    let source = RestoreSource { collection: collection.clone(), shard: 0, id: m.id.clone() };
+    let source = RestoreSource { collection: "bench".into(), shard: 0, id: m.id.clone() };
     let t = Instant::now();
     shoal_snapshot::restore_to_staging(store, &source, &staging, &ropts, Arc::new(Progress::new(Operation::Restore))).await?;
-    // Serving: open and answer a first query.
     let restored = Index::open(&staging, engine.clone())?;
     let q: Vec<f32> = restored.get(0)?.map(|p| p.vector).unwrap_or_else(|| vec![1.0; index.params().dim as usize]);
     let hits = restored.search(&q, SearchParams::new(10, 64))?;
@@ -234,25 +269,29 @@ async fn measure_store(
         mib(m.image_bytes) / restore_secs,
         build_secs / restore_secs
     );
+    Ok((snapshot_secs, restore_secs, m.stored_bytes))
+}
 
-    // Incremental: per chunk size, a base snapshot, a small ingest, a second one.
-    let mut incremental = Vec::new();
+/// Per chunk size: a base snapshot, a small ingest, a second snapshot.
+async fn incremental(a: &Args, store: &SnapshotStore, index: &Arc<Index>, si: usize) -> Result<Vec<serde_json::Value>> {
+    let mut out = Vec::new();
     let mut sizes = vec![a.chunk_kib];
     sizes.extend(a.incremental_chunk_kib.iter().copied().filter(|k| *k != a.chunk_kib));
     let dim = index.params().dim as usize;
     let mut rng = rand::rngs::StdRng::seed_from_u64(11 + si as u64);
     for (k, kib) in sizes.into_iter().enumerate() {
-        let opts = SnapshotOptions { chunk_size: kib << 10, ..snap_opts.clone() };
-        let name = format!("{collection}-inc{kib}");
-        let base = shoal_snapshot::create_snapshot(store, Arc::clone(index), &target(&name), &opts, Arc::new(Progress::new(Operation::Snapshot))).await?;
+        let opts = SnapshotOptions { zstd_level: a.zstd_level, chunk_size: kib << 10, ..SnapshotOptions::default() };
+        let target = SnapshotTarget { collection: format!("inc{kib}"), shard: 0, shard_count: 1, id: None };
+        let progress = || Arc::new(Progress::new(Operation::Snapshot));
+        let base = shoal_snapshot::create_snapshot(store, Arc::clone(index), &target, &opts, progress()).await?;
         let first = 10_000_000 + (si * 100 + k) as u64 * 1_000_000;
         let points = (0..a.small_ingest as u64).map(|i| (first + i, (0..dim).map(|_| rng.random_range(-1.0f32..1.0)).collect()));
         index.apply(Batch::upserts(points).with_source("small", first))?;
         let t = Instant::now();
-        let second = shoal_snapshot::create_snapshot(store, Arc::clone(index), &target(&name), &opts, Arc::new(Progress::new(Operation::Snapshot))).await?;
+        let second = shoal_snapshot::create_snapshot(store, Arc::clone(index), &target, &opts, progress()).await?;
         let secs = t.elapsed().as_secs_f64();
         println!(
-            "incremental, {kib} KiB chunks: after {} new points, the second snapshot uploaded {} of {} chunks, {:.1} of {:.1} MiB stored ({:.1}%), in {secs:.2}s",
+            "{kib} KiB chunks: after {} new points, the second snapshot uploaded {} of {} chunks, {:.1} of {:.1} MiB stored ({:.1}%), in {secs:.2}s",
             a.small_ingest,
             second.uploaded_chunks,
             second.chunks.len(),
@@ -260,18 +299,13 @@ async fn measure_store(
             mib(second.stored_bytes),
             100.0 * second.uploaded_bytes as f64 / second.stored_bytes as f64
         );
-        incremental.push(json!({
+        out.push(json!({
             "chunk_kib": kib, "base_chunks": base.chunks.len(), "chunks": second.chunks.len(),
             "uploaded_chunks": second.uploaded_chunks, "uploaded_bytes": second.uploaded_bytes,
             "stored_bytes": second.stored_bytes, "secs": secs,
         }));
     }
-    Ok(json!({
-        "store": store.url().split(':').next().unwrap_or("?"),
-        "url": store.url(),
-        "snapshot_secs": snapshot_secs, "image_bytes": m.image_bytes, "stored_bytes": m.stored_bytes,
-        "chunks": m.chunks.len(), "restore_secs": restore_secs, "incremental": incremental,
-    }))
+    Ok(out)
 }
 
 fn mib(b: u64) -> f64 {

@@ -141,6 +141,9 @@ pub(crate) fn snapshot_info(m: &Manifest, duration_ms: u64) -> v1::SnapshotInfo 
         zstd_level: m.compression.level,
         duration_ms,
         error: String::new(),
+        dimension: m.index.dim,
+        metric: m.index.params().map_or(v1::Metric::Unspecified, |p| metric_to_proto(p.metric)) as i32,
+        index: Some(v1::IndexParams { m: u32::from(m.index.m), ef_construction: m.index.ef_construction }),
     }
 }
 

@@ -141,6 +141,16 @@ async fn snapshot_errors_have_their_codes_and_leave_the_collection_serving() {
     assert_eq!(pruned.kept_snapshots, 2);
     let left = tc.client.list_snapshots(v1::ListSnapshotsRequest { collection: "docs".into(), shard: None }).await.unwrap().into_inner();
     assert!(left.snapshots.iter().all(|s| s.id != snap.snapshot_id));
+    let kept = left.snapshots[0].id.clone();
+    assert_eq!((left.snapshots[0].dimension, left.snapshots[0].metric), (8, v1::Metric::Euclidean as i32));
+
+    // A collection of the same name but another dimension is not
+    // overwritten by a snapshot of the old one.
+    tc.client.drop_collection(v1::DropCollectionRequest { name: "docs".into() }).await.unwrap();
+    create(&mut tc.client, "docs", 4, v1::Metric::Euclidean, 2).await;
+    let e = tc.client.restore_snapshot(restore(&kept, true)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("dimension"), "{}", e.message());
     tc.cluster.shutdown().await.unwrap();
 }
 
