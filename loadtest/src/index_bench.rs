@@ -174,12 +174,18 @@ pub(crate) fn run(a: Args) -> Result<()> {
             }
             let batch = read_batch(&base, size, size + added)?;
             let sampler = PeakSampler::start();
+            let before = sampler.start;
             let t = Instant::now();
             idx.apply(batch)?;
             let ms = t.elapsed().as_secs_f64() * 1000.0 / added as f64;
             let peak = sampler.finish();
-            eprintln!("{added} into {size}: {ms:.4} ms/vector, peak RssAnon {} MiB", peak >> 20);
-            incremental.push(json!({"base": size, "added": added, "ms_per_vector": round(ms, 4), "peak_rss_anon_bytes": peak}));
+            eprintln!(
+                "{added} into {size}: {ms:.4} ms/vector, peak RssAnon {} MiB ({} MiB before the batch)",
+                peak >> 20,
+                before >> 20
+            );
+            incremental.push(json!({"base": size, "added": added, "ms_per_vector": round(ms, 4),
+                                    "peak_rss_anon_bytes": peak, "rss_anon_before_bytes": before}));
             drop(idx);
             std::fs::remove_dir_all(&d).ok();
         }

@@ -20,6 +20,8 @@ pub(crate) fn rss_anon() -> u64 {
 /// Samples `RssAnon` every few milliseconds and keeps the maximum, because
 /// the kernel keeps a high-water mark only for the whole RSS.
 pub(crate) struct PeakSampler {
+    /// `RssAnon` when sampling started (after returning freed heap).
+    pub(crate) start: u64,
     peak: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -28,7 +30,8 @@ pub(crate) struct PeakSampler {
 impl PeakSampler {
     pub(crate) fn start() -> PeakSampler {
         release_free_memory();
-        let peak = Arc::new(AtomicU64::new(rss_anon()));
+        let start = rss_anon();
+        let peak = Arc::new(AtomicU64::new(start));
         let stop = Arc::new(AtomicBool::new(false));
         let (p, s) = (Arc::clone(&peak), Arc::clone(&stop));
         let thread = std::thread::spawn(move || {
@@ -37,7 +40,7 @@ impl PeakSampler {
                 std::thread::sleep(Duration::from_millis(5));
             }
         });
-        PeakSampler { peak, stop, thread: Some(thread) }
+        PeakSampler { start, peak, stop, thread: Some(thread) }
     }
 
     pub(crate) fn finish(mut self) -> u64 {
