@@ -97,7 +97,7 @@ impl Cluster {
                     for s in list.shards {
                         let (Some(id), Some(spec)) = (s.shard, s.spec) else { continue };
                         let Ok(name) = CollectionName::parse(&id.collection) else { continue };
-                        let entry = found.entry(name).or_insert_with(|| (spec.clone(), BTreeMap::new()));
+                        let entry = found.entry(name).or_insert_with(|| (spec, BTreeMap::new()));
                         entry.1.insert(id.shard, m.id.clone());
                     }
                 }
@@ -140,10 +140,9 @@ impl Cluster {
         }
         let spec = v1::ShardSpec { dimension, metric, index, shard_count };
         let placement = place(shard_count, &members, &self.meta.collections());
-        let c = Collection { name: name.clone(), spec: spec.clone(), placement };
+        let c = Collection { name: name.clone(), spec, placement };
         let created = join_all((0..shard_count).map(|i| {
             let c = &c;
-            let spec = spec.clone();
             async move {
                 let client = self.client(&c.placement[i as usize])?;
                 client.create_shard(v1::CreateShardRequest { shard: Self::shard_id(c, i), spec: Some(spec) }).await

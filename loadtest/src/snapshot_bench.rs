@@ -67,7 +67,10 @@ pub(crate) fn run(a: Args) -> Result<()> {
         bail!("--limit and --threads must be at least 1");
     }
     let work = match &a.dir {
-        Some(d) => tempfile::tempdir_in(d)?,
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            tempfile::tempdir_in(d).with_context(|| format!("a work directory in {}", d.display()))?
+        }
         None => tempfile::tempdir()?,
     };
     let (vectors, dim, what) = load(&a)?;
@@ -188,6 +191,7 @@ struct Baseline {
 /// The same file through standard tools, same zstd level, all cores.
 fn baselines(src: &Path, work: &Path, level: i32) -> Result<Baseline> {
     let sh = |script: &str| -> Result<f64> {
+        settle();
         let t = Instant::now();
         let st = Command::new("sh").arg("-c").arg(script).status().with_context(|| format!("running {script}"))?;
         if !st.success() {
@@ -211,6 +215,14 @@ fn baselines(src: &Path, work: &Path, level: i32) -> Result<Baseline> {
         mib(tar_zstd_bytes)
     );
     Ok(Baseline { cp_secs, tar_zstd_secs, tar_zstd_bytes, untar_secs })
+}
+
+/// Writes back every dirty page of the machine before a timed step, so no
+/// step pays for the writeback of the one before (the kernel throttles
+/// writers once too much is dirty).
+fn settle() {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
 }
 
 /// `url` with a sub-prefix per round, so every round's snapshot starts
@@ -240,6 +252,7 @@ async fn snapshot_and_restore(
 ) -> Result<(f64, f64, u64)> {
     let snap_opts = SnapshotOptions { zstd_level: a.zstd_level, chunk_size: a.chunk_kib << 10, ..SnapshotOptions::default() };
     let target = SnapshotTarget { collection: "bench".into(), shard: 0, shard_count: 1, id: None };
+    settle();
     let t = Instant::now();
     let m = shoal_snapshot::create_snapshot(store, Arc::clone(index), &target, &snap_opts, Arc::new(Progress::new(Operation::Snapshot))).await?;
     let snapshot_secs = t.elapsed().as_secs_f64();
@@ -255,6 +268,7 @@ async fn snapshot_and_restore(
     let staging = work.join("restore");
     let ropts = RestoreOptions { engine: engine.clone(), transfer: TransferOptions::default(), ..RestoreOptions::default() };
     let source = RestoreSource { collection: "bench".into(), shard: 0, id: m.id.clone() };
+    settle();
     let t = Instant::now();
     shoal_snapshot::restore_to_staging(store, &source, &staging, &ropts, Arc::new(Progress::new(Operation::Restore))).await?;
     let restored = Index::open(&staging, engine.clone())?;

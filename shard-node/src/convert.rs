@@ -90,7 +90,11 @@ pub(crate) fn engine_error(e: EngineError) -> ShoalError {
         EngineError::MapSizeLimit { .. } | EngineError::DiskFull { .. } | EngineError::IdSpaceExhausted { .. } => {
             ErrorCode::ResourceExhausted
         }
-        _ => ErrorCode::Internal,
+        // The engine's error is non-exhaustive: anything new is internal
+        // until it gets its own code here.
+        EngineError::UnsupportedFormat { .. } | EngineError::Corrupt { .. } | EngineError::Storage { .. } | EngineError::Io { .. } | _ => {
+            ErrorCode::Internal
+        }
     };
     ShoalError::new(code, e.to_string())
 }

@@ -65,12 +65,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Arc::new(object_store::local::LocalFileSystem::new_with_prefix(nosync_dir.path())?),
         "files without fsync",
     );
+    let mut last = None;
     for (name, store) in [("in memory", &memory), ("files, no fsync", &nosync), ("files, fsync (default)", &store)] {
         let t = Instant::now();
         let m = rt.block_on(shoal_snapshot::create_snapshot(store, Arc::clone(&index), &target, &opts, Arc::new(Progress::new(Operation::Snapshot))))?;
         let s = t.elapsed().as_secs_f64();
         println!("create_snapshot to {name}: {s:.3}s  {:.0} MiB/s -> {:.1} MiB", mib(m.image_bytes) / s, mib(m.stored_bytes));
+        last = Some(m);
     }
+
+    // Restore: zstd decompression alone, then the whole restore, then opening
+    // and searching the result.
+    let m = last.ok_or("no snapshot")?;
+    let compressed: Vec<Vec<u8>> = image.chunks(4 << 20).map(|c| zstd::bulk::compress(c, level)).collect::<Result<_, _>>()?;
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let t = Instant::now();
+    std::thread::scope(|sc| {
+        for k in 0..threads {
+            let compressed = &compressed;
+            sc.spawn(move || compressed.iter().skip(k).step_by(threads).map(|c| zstd::bulk::decompress(c, 4 << 20).map_or(0, |v| v.len())).sum::<usize>());
+        }
+    });
+    let s = t.elapsed().as_secs_f64();
+    println!("zstd -d ({threads} threads): {s:.3}s  {:.0} MiB/s", mib(info.bytes) / s);
+    let staging = store_dir.path().join("restored");
+    let source = shoal_snapshot::RestoreSource { collection: "profile".into(), shard: 0, id: m.id.clone() };
+    let t = Instant::now();
+    rt.block_on(shoal_snapshot::restore_to_staging(&store, &source, &staging, &shoal_snapshot::RestoreOptions::default(), Arc::new(Progress::new(Operation::Restore))))?;
+    let s = t.elapsed().as_secs_f64();
+    println!("restore_to_staging (files): {s:.3}s  {:.0} MiB/s", mib(m.image_bytes) / s);
+    let t = Instant::now();
+    let restored = Index::open(&staging, IndexOptions::default())?;
+    let q = restored.get(0)?.map(|p| p.vector).ok_or("point 0 missing")?;
+    let hits = restored.search(&q, shoal_engine::SearchParams::new(10, 64))?;
+    println!("open + first search: {:.3}s ({} hits)", t.elapsed().as_secs_f64(), hits.len());
     Ok(())
 }
 

@@ -97,8 +97,15 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
     // Owned items: futures that borrow from the iterator trip the
     // compiler's Send check (higher-ranked lifetimes) under tonic.
     let items: Vec<(usize, u64, ChunkRef)> = m.chunk_offsets().map(|(i, o, c)| (i, o, c.clone())).collect();
+    // Downloads overlap freely; decompressing, hashing and writing are CPU
+    // work, one chunk per core: more only adds contention (concurrent
+    // writers of one file queue on its inode lock, spinning).
+    let cpu = Arc::new(tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, usize::from)));
+    let write_lock = Arc::new(std::sync::Mutex::new(()));
     futures::stream::iter(items)
         .map(|(i, offset, c)| {
+            let cpu = Arc::clone(&cpu);
+            let write_lock = Arc::clone(&write_lock);
             let file = Arc::clone(&file);
             let path = path.clone();
             let objects = Arc::clone(&store.store);
@@ -114,8 +121,13 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
                     Some(Ok(b)) => b,
                 };
                 let (raw_len, hash) = (c.raw_len, c.hash.clone());
+                let permit = cpu.acquire_owned().await.map_err(|e| SnapshotError::Internal(e.to_string()))?;
                 let written = tokio::task::spawn_blocking(move || {
+                    let _permit = permit;
                     let raw = chunk::decompress_checked(&stored, raw_len, &hash).map_err(Err)?;
+                    // One writer at a time: writers of one file queue on its
+                    // inode lock anyway, and there they spin.
+                    let _one_writer = write_lock.lock();
                     file.write_all_at(&raw, offset).map_err(|e| Ok(SnapshotError::io(&path, e)))
                 })
                 .await

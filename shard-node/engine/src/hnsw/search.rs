@@ -153,8 +153,7 @@ pub(crate) fn search_layer<'g, G: Graph<'g>>(
                 fresh.push((n, code.as_ptr()));
             }
         }
-        for i in 0..fresh.len() {
-            let (n, p) = fresh[i];
+        for &(n, p) in fresh.iter() {
             // SAFETY: `p` came from `graph.code` in this call: a code of
             // `dim` components that lives as long as the graph's transaction.
             let code = unsafe { Code::from_raw(p, dim) };
