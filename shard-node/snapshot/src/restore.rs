@@ -124,11 +124,13 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
                 let permit = cpu.acquire_owned().await.map_err(|e| SnapshotError::Internal(e.to_string()))?;
                 let written = tokio::task::spawn_blocking(move || {
                     let _permit = permit;
-                    let raw = chunk::decompress_checked(&stored, raw_len, &hash).map_err(Err)?;
-                    // One writer at a time: writers of one file queue on its
-                    // inode lock anyway, and there they spin.
-                    let _one_writer = write_lock.lock();
-                    file.write_all_at(&raw, offset).map_err(|e| Ok(SnapshotError::io(&path, e)))
+                    RAW.with_borrow_mut(|raw| {
+                        chunk::decompress_checked_into(&stored, raw_len, &hash, raw).map_err(Err)?;
+                        // One writer at a time: writers of one file queue on
+                        // its inode lock anyway, and there they spin.
+                        let _one_writer = write_lock.lock();
+                        file.write_all_at(raw, offset).map_err(|e| Ok(SnapshotError::io(&path, e)))
+                    })
                 })
                 .await
                 .map_err(join_error)?;
@@ -156,6 +158,11 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
     .await
     .map_err(join_error)?
     .map_err(|e| with_needed(e, m.image_bytes))
+}
+
+thread_local! {
+    /// Each blocking thread's decompression buffer, kept between chunks.
+    static RAW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn with_needed(mut e: SnapshotError, image_bytes: u64) -> SnapshotError {
