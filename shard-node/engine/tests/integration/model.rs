@@ -88,8 +88,33 @@ fn to_batch(ops: &[ModelOp], offset: Option<u64>) -> Batch {
     b
 }
 
+/// Repeats every vector `times` times over: distances keep their order, and
+/// wide vectors take the engine's other storage path (vectors in blocks,
+/// `codec::vectors_block_nodes`), which narrow ones never reach.
+fn widen(
+    history: Vec<(Vec<ModelOp>, Option<u64>)>,
+    queries: Vec<Vec<f32>>,
+    times: usize,
+) -> (Vec<(Vec<ModelOp>, Option<u64>)>, Vec<Vec<f32>>) {
+    let history = history
+        .into_iter()
+        .map(|(ops, o)| {
+            let ops = ops
+                .into_iter()
+                .map(|op| match op {
+                    ModelOp::Upsert(id, v, p) => ModelOp::Upsert(id, v.repeat(times), p),
+                    other => other,
+                })
+                .collect();
+            (ops, o)
+        })
+        .collect();
+    (history, queries.into_iter().map(|q| q.repeat(times)).collect())
+}
+
 fn check(metric: Metric, history: Vec<(Vec<ModelOp>, Option<u64>)>, queries: Vec<Vec<f32>>) {
-    let fx = Fixture::new(DIM as u32, metric);
+    let dim = queries.first().map_or(DIM, Vec::len);
+    let fx = Fixture::new(dim as u32, metric);
     let mut points = BTreeMap::new();
     let mut offset = None;
     for (step, (ops, batch_offset)) in history.iter().enumerate() {
@@ -142,6 +167,20 @@ proptest! {
     #[test]
     fn dot_index_matches_the_model(history in batches(), queries in proptest::collection::vec(vector(), 3)) {
         check(Metric::Dot, history, queries);
+    }
+}
+
+proptest! {
+    // 600 dimensions: 2,400-byte vectors, stored five to a block.
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #[test]
+    fn wide_vectors_in_blocks_match_the_model(
+        history in batches(),
+        queries in proptest::collection::vec(vector(), 3),
+        metric in prop_oneof![Just(Metric::Cosine), Just(Metric::Euclidean), Just(Metric::Dot)],
+    ) {
+        let (history, queries) = widen(history, queries, 100);
+        check(metric, history, queries);
     }
 }
 
