@@ -24,12 +24,14 @@ flags=(--base "$ds/base.fvecs" --query "$ds/query.fvecs" --groundtruth "$ds/grou
        --metric cosine --m 16 --ef-construction 100 --threads 2 --ef 64
        --modes warm,cold --dir "$work" --keep --reuse "$@")
 cargo build --release -q -p loadtest
+# Where cargo put it (CARGO_TARGET_DIR may point outside the clone).
+bin=${CARGO_TARGET_DIR:-target}/release
 cargo build --release -q --manifest-path loadtest/hannoy-cold/Cargo.toml --target-dir target/hannoy-cold
 cgroup=(--memory-fraction "${MEMORY_FRACTION:-0.25}")
 for ra in off on; do
   echo "== shoal, readahead $ra" >&2
   extra=(); [[ $ra == off ]] && extra=("${cgroup[@]}")
-  ./target/release/shoal-loadtest disk-bench "${flags[@]}" --read-ahead "$ra" "${extra[@]}" \
+  "$bin"/shoal-loadtest disk-bench "${flags[@]}" --read-ahead "$ra" "${extra[@]}" \
     --json "$out/disk-shoal-ra-$ra.json" >/dev/null
 done
 for ra in on off; do
@@ -38,5 +40,5 @@ for ra in on off; do
   ./target/hannoy-cold/release/hannoy-cold "${flags[@]}" --read-ahead "$ra" "${extra[@]}" \
     --json "$out/disk-hannoy-ra-$ra.json" >/dev/null
 done
-./target/release/shoal-loadtest disk-compare --against hannoy \
+"$bin"/shoal-loadtest disk-compare --against hannoy \
   "$out"/disk-shoal-ra-off.json "$out"/disk-shoal-ra-on.json "$out"/disk-hannoy-ra-on.json "$out"/disk-hannoy-ra-off.json

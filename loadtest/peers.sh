@@ -16,12 +16,14 @@ mkdir -p "$out"
 flags=(--base "$ds/base.fvecs" --query "$ds/query.fvecs" --groundtruth "$ds/groundtruth.ivecs"
        --metric cosine --m 16 --ef-construction 100 --threads 2 --ef 16,32,64,128,256 "$@")
 cargo build --release -q -p loadtest
+# Where cargo put it (CARGO_TARGET_DIR may point outside the clone).
+bin=${CARGO_TARGET_DIR:-target}/release
 echo "== shoal" >&2
-./target/release/shoal-loadtest index-bench "${flags[@]}" --json "$out/shoal.json" >/dev/null
+"$bin"/shoal-loadtest index-bench "${flags[@]}" --json "$out/shoal.json" >/dev/null
 echo "== hnswlib" >&2
 "$py" "$shared/peers/bench.py" --lib hnswlib "${flags[@]}" --json "$out/hnswlib.json" >/dev/null
 echo "== faiss" >&2
 "$py" "$shared/peers/bench.py" --lib faiss "${flags[@]}" --json "$out/faiss.json" >/dev/null
 echo "== hannoy" >&2
 "$shared/peers/hannoy-bench/target/release/hannoy-bench" "${flags[@]}" --json "$out/hannoy.json" >/dev/null
-./target/release/shoal-loadtest compare "$out"/shoal.json "$out"/hnswlib.json "$out"/faiss.json "$out"/hannoy.json
+"$bin"/shoal-loadtest compare "$out"/shoal.json "$out"/hnswlib.json "$out"/faiss.json "$out"/hannoy.json

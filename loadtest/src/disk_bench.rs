@@ -280,6 +280,8 @@ fn build_or_reuse(a: &Args, ctx: &Ctx, base: &VecFile, n: usize, params: IndexPa
         && let Ok(prev) = serde_json::from_str::<Value>(&text)
         && prev["identity"] == *identity
         && dir.join("data.mdb").exists()
+        // An index of an older on-disk format is rebuilt, not reused.
+        && Index::open(&dir, ctx.opts.clone()).is_ok()
     {
         eprintln!("reusing the index in {}", dir.display());
         let mut build = prev["build"].clone();

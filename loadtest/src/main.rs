@@ -47,6 +47,12 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    // RUST_LOG=shoal_snapshot=debug (for example) shows where a run spends
+    // its time; quiet by default so the tables stay readable.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
     match Cli::parse().command {
         Command::IndexBench(a) => index_bench::run(a),
         Command::Compare(a) => compare::run(a),

@@ -12,7 +12,6 @@ use shoal_engine::Index;
 use shoal_proto::{CollectionName, ShoalError, v1};
 use shoal_snapshot::{
     Operation, Progress, RestoreOptions, RestoreSource, SnapshotError, SnapshotOptions, SnapshotStore, SnapshotTarget,
-    TransferOptions,
 };
 
 use crate::config::SnapshotConfig;
@@ -90,7 +89,7 @@ impl Snapshots {
             concurrency: self.cfg.concurrency,
             check_free_space: true,
             engine: host.engine_options(),
-            transfer: TransferOptions::default(),
+            ..RestoreOptions::default()
         }
     }
 }

@@ -94,30 +94,32 @@ pub(crate) fn compress(raw: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
 /// [`crate::SnapshotError::ChunkCorrupt`].
 #[cfg(test)]
 pub(crate) fn decompress_checked(stored: &[u8], raw_len: u64, want_hash: &str) -> Result<Vec<u8>, String> {
-    let mut raw = Vec::new();
-    decompress_checked_into(stored, raw_len, want_hash, &mut raw)?;
+    let mut raw = vec![0; usize::try_from(raw_len).map_err(|e| e.to_string())? + 1];
+    let n = decompress_checked_into(stored, raw_len, want_hash, &mut raw)?;
+    raw.truncate(n);
     Ok(raw)
 }
 
-/// [`decompress_checked`] into `raw`, whose allocation is reused: a restore
-/// decompresses every chunk into the same buffer per thread instead of
-/// faulting in (and zeroing) a fresh one each time.
-pub(crate) fn decompress_checked_into(stored: &[u8], raw_len: u64, want_hash: &str, raw: &mut Vec<u8>) -> Result<(), String> {
-    let cap = usize::try_from(raw_len).map_err(|_| format!("raw length {raw_len} does not fit in memory"))?;
-    raw.clear();
-    // One byte more than expected, so an over-long frame is caught.
-    raw.reserve(cap + 1);
-    zstd::bulk::Decompressor::new()
-        .and_then(|mut d| d.decompress_to_buffer(stored, raw))
-        .map_err(|e| format!("does not decompress: {e}"))?;
-    if raw.len() as u64 != raw_len {
-        return Err(format!("decompresses to {} bytes, manifest says {raw_len}", raw.len()));
+/// [`decompress_checked`] into the front of `out`, which must hold at least
+/// `raw_len + 1` bytes (one more, so that an over-long frame is caught);
+/// returns `raw_len`. A restore reuses one buffer per thread (aligned for
+/// direct writes) instead of faulting in a fresh one per chunk.
+pub(crate) fn decompress_checked_into(stored: &[u8], raw_len: u64, want_hash: &str, out: &mut [u8]) -> Result<usize, String> {
+    let len = usize::try_from(raw_len).map_err(|_| format!("raw length {raw_len} does not fit in memory"))?;
+    if out.len() <= len {
+        return Err(format!("raw length {raw_len} exceeds the buffer"));
     }
-    let got = hash(raw);
+    let n = zstd::bulk::Decompressor::new()
+        .and_then(|mut d| d.decompress_to_buffer(stored, out))
+        .map_err(|e| format!("does not decompress: {e}"))?;
+    if n != len {
+        return Err(format!("decompresses to {n} bytes, manifest says {raw_len}"));
+    }
+    let got = hash(&out[..n]);
     if got != want_hash {
         return Err(format!("BLAKE3 of the content is {got}"));
     }
-    Ok(())
+    Ok(n)
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@
 mod catalog;
 mod chunk;
 mod error;
+mod image_file;
 mod layout;
 mod manifest;
 mod objects;

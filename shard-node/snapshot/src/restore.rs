@@ -4,7 +4,6 @@
 //! into place with renames. Until the swap nothing outside the staging
 //! directory is touched, and a failure removes the staging directory.
 
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -13,6 +12,7 @@ use shoal_engine::{Index, IndexOptions};
 
 use crate::chunk;
 use crate::error::{Result, SnapshotError, join_error};
+use crate::image_file::{AlignedBuf, ImageFile};
 use crate::layout;
 use crate::manifest::{ChunkRef, Manifest};
 use crate::objects::{TransferOptions, get_object, read_manifest};
@@ -31,6 +31,9 @@ pub struct RestoreOptions {
     pub engine: IndexOptions,
     /// Ranged downloads.
     pub transfer: TransferOptions,
+    /// Write the image with direct I/O where the file system allows it
+    /// (see `image_file`). Default true.
+    pub direct_io: bool,
 }
 
 impl Default for RestoreOptions {
@@ -40,6 +43,7 @@ impl Default for RestoreOptions {
             check_free_space: true,
             engine: IndexOptions::default(),
             transfer: TransferOptions::default(),
+            direct_io: true,
         }
     }
 }
@@ -92,9 +96,11 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
         }
     }
     let path = staging.join("data.mdb");
-    let file = Arc::new(std::fs::File::create(&path).map_err(|e| SnapshotError::io(&path, e))?);
+    let file = Arc::new(ImageFile::create(&path, m.image_bytes, opts.direct_io).map_err(|e| with_needed(e, m.image_bytes))?);
+    tracing::debug!(direct = file.is_direct(), "restore writes");
     progress.set_phase(Phase::Transferring);
     let t0 = std::time::Instant::now();
+    let cpu0 = cpu_time();
     // Owned items: futures that borrow from the iterator trip the
     // compiler's Send check (higher-ranked lifetimes) under tonic.
     let items: Vec<(usize, u64, ChunkRef)> = m.chunk_offsets().map(|(i, o, c)| (i, o, c.clone())).collect();
@@ -108,7 +114,6 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
             let cpu = Arc::clone(&cpu);
             let write_lock = Arc::clone(&write_lock);
             let file = Arc::clone(&file);
-            let path = path.clone();
             let objects = Arc::clone(&store.store);
             let (id, transfer) = (m.id.clone(), opts.transfer);
             let progress = Arc::clone(progress);
@@ -125,14 +130,14 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
                 let permit = cpu.acquire_owned().await.map_err(|e| SnapshotError::Internal(e.to_string()))?;
                 let written = tokio::task::spawn_blocking(move || {
                     let _permit = permit;
-                    RAW.with_borrow_mut(|raw| {
-                        chunk::decompress_checked_into(&stored, raw_len, &hash, raw).map_err(Err)?;
+                    RAW.with_borrow_mut(|buf| {
+                        let cap = usize::try_from(raw_len).map_err(|_| Err(format!("raw length {raw_len} is too large")))?;
+                        let out = buf.bytes_mut(cap + 1);
+                        let n = chunk::decompress_checked_into(&stored, raw_len, &hash, out).map_err(Err)?;
                         // One writer at a time: writers of one file queue on
                         // its inode lock anyway, and there they spin.
                         let _one_writer = write_lock.lock();
-                        file.write_all_at(raw, offset).map_err(|e| Ok(SnapshotError::io(&path, e)))?;
-                        start_writeback(&file, offset, raw.len());
-                        Ok(())
+                        file.write_at(&out[..n], offset).map_err(|e| Ok(SnapshotError::io(file.path(), e)))
                     })
                 })
                 .await
@@ -153,15 +158,16 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
         .map_err(|e| with_needed(e, m.image_bytes))?;
     progress.set_phase(Phase::Finishing);
     let transferred = t0.elapsed();
+    let transfer_cpu = cpu_time().saturating_sub(cpu0);
     let (m2, staging2, engine) = (m.clone(), staging.to_owned(), opts.engine.clone());
     tokio::task::spawn_blocking(move || {
-        file.sync_all().map_err(|e| SnapshotError::io(&path, e))?;
+        file.sync().map_err(|e| SnapshotError::io(file.path(), e))?;
         let synced = t0.elapsed();
         drop(file);
         let checked = check_restored(&m2, &staging2, engine);
         // Where a slow restore spends its time: the transfer (download,
         // decompress, hash, write), the final fsync, the open and compare.
-        tracing::debug!(?transferred, ?synced, total = ?t0.elapsed(), "restore phases");
+        tracing::debug!(?transferred, ?transfer_cpu, ?synced, total = ?t0.elapsed(), "restore phases");
         checked
     })
     .await
@@ -169,25 +175,18 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
     .map_err(|e| with_needed(e, m.image_bytes))
 }
 
-/// Starts writing a chunk back to the device now, without waiting, so the
-/// device works while the next chunks decompress and the final fsync only
-/// waits for the tail (otherwise the whole image is written at the end, and
-/// on a virtual disk that alone takes as long as everything else).
-fn start_writeback(file: &std::fs::File, offset: u64, len: usize) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: the descriptor is open for the duration of the call; the
-        // call only schedules I/O. Failure is harmless (fsync still runs).
-        unsafe { libc::sync_file_range(file.as_raw_fd(), offset as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE) };
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (file, offset, len);
+/// CPU time of the whole process (user + system), for the debug log.
+fn cpu_time() -> std::time::Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 thread_local! {
     /// Each blocking thread's decompression buffer, kept between chunks.
-    static RAW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static RAW: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::default());
 }
 
 fn with_needed(mut e: SnapshotError, image_bytes: u64) -> SnapshotError {

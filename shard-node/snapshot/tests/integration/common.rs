@@ -75,7 +75,7 @@ pub(crate) fn small_chunks() -> SnapshotOptions {
 }
 
 pub(crate) fn restore_options() -> RestoreOptions {
-    RestoreOptions { concurrency: 4, engine: engine_options(), transfer: TransferOptions::default(), check_free_space: true }
+    RestoreOptions { concurrency: 4, engine: engine_options(), transfer: TransferOptions::default(), check_free_space: true, direct_io: true }
 }
 
 pub(crate) fn progress(op: Operation) -> Arc<Progress> {

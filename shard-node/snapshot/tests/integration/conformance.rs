@@ -39,28 +39,32 @@ async fn a_snapshot_restores_to_an_identical_index() {
         assert_eq!(listed[0].manifest.as_ref().unwrap(), &m);
         assert!(list_snapshots(&b.store, "docs", Some(1)).await.unwrap().is_empty());
 
-        let dest = tempfile::tempdir().unwrap();
-        let staging = dest.path().join(".staging");
-        let mut ropts = restore_options();
-        ropts.transfer.range_threshold = 8 << 10;
-        ropts.transfer.range_size = 16 << 10;
-        let src = RestoreSource { collection: "docs".into(), shard: 2, id: m.id.clone() };
-        let rp = progress(Operation::Restore);
-        let restored = restore_to_staging(&b.store, &src, &staging, &ropts, Arc::clone(&rp)).await.unwrap();
-        assert_eq!(restored, m);
-        assert_eq!(rp.report().bytes_done, m.image_bytes);
-        let final_dir = dest.path().join("2");
-        swap_into_place(&staging, &final_dir).unwrap();
-        assert!(!staging.exists());
-        let copy = Index::open(&final_dir, engine_options()).unwrap();
-        assert_eq!(copy.stats().unwrap().live, 3000);
-        assert_eq!(copy.offsets().unwrap(), source.offsets().unwrap());
-        for id in (0..3000).step_by(7) {
-            assert_eq!(copy.get(id).unwrap().unwrap().vector, source.get(id).unwrap().unwrap().vector);
-        }
-        for q in &queries {
-            let p = SearchParams::new(10, 64);
-            assert_eq!(copy.search(q, p).unwrap(), source.search(q, p).unwrap(), "{}", b.name);
+        for direct in [true, false] {
+            let dest = tempfile::tempdir().unwrap();
+            let staging = dest.path().join(".staging");
+            let mut ropts = restore_options();
+            // Direct writes, then through the page cache.
+            ropts.direct_io = direct;
+            ropts.transfer.range_threshold = 8 << 10;
+            ropts.transfer.range_size = 16 << 10;
+            let src = RestoreSource { collection: "docs".into(), shard: 2, id: m.id.clone() };
+            let rp = progress(Operation::Restore);
+            let restored = restore_to_staging(&b.store, &src, &staging, &ropts, Arc::clone(&rp)).await.unwrap();
+            assert_eq!(restored, m);
+            assert_eq!(rp.report().bytes_done, m.image_bytes);
+            let final_dir = dest.path().join("2");
+            swap_into_place(&staging, &final_dir).unwrap();
+            assert!(!staging.exists());
+            let copy = Index::open(&final_dir, engine_options()).unwrap();
+            assert_eq!(copy.stats().unwrap().live, 3000);
+            assert_eq!(copy.offsets().unwrap(), source.offsets().unwrap());
+            for id in (0..3000).step_by(7) {
+                assert_eq!(copy.get(id).unwrap().unwrap().vector, source.get(id).unwrap().unwrap().vector);
+            }
+            for q in &queries {
+                let p = SearchParams::new(10, 64);
+                assert_eq!(copy.search(q, p).unwrap(), source.search(q, p).unwrap(), "{}", b.name);
+            }
         }
     }
 }
