@@ -10,6 +10,9 @@ use crate::common::{Fixture, assert_exact, brute_force};
 const DIM: usize = 6;
 const IDS: u64 = 40;
 
+/// Batches of operations, each with an optional source offset.
+type History = Vec<(Vec<ModelOp>, Option<u64>)>;
+
 #[derive(Clone, Debug)]
 enum ModelOp {
     Upsert(u64, Vec<f32>, bool),
@@ -91,11 +94,7 @@ fn to_batch(ops: &[ModelOp], offset: Option<u64>) -> Batch {
 /// Repeats every vector `times` times over: distances keep their order, and
 /// wide vectors take the engine's other storage path (vectors in blocks,
 /// `codec::vectors_block_nodes`), which narrow ones never reach.
-fn widen(
-    history: Vec<(Vec<ModelOp>, Option<u64>)>,
-    queries: Vec<Vec<f32>>,
-    times: usize,
-) -> (Vec<(Vec<ModelOp>, Option<u64>)>, Vec<Vec<f32>>) {
+fn widen(history: History, queries: Vec<Vec<f32>>, times: usize) -> (History, Vec<Vec<f32>>) {
     let history = history
         .into_iter()
         .map(|(ops, o)| {
@@ -112,7 +111,7 @@ fn widen(
     (history, queries.into_iter().map(|q| q.repeat(times)).collect())
 }
 
-fn check(metric: Metric, history: Vec<(Vec<ModelOp>, Option<u64>)>, queries: Vec<Vec<f32>>) {
+fn check(metric: Metric, history: History, queries: Vec<Vec<f32>>) {
     let dim = queries.first().map_or(DIM, Vec::len);
     let fx = Fixture::new(dim as u32, metric);
     let mut points = BTreeMap::new();
