@@ -100,43 +100,6 @@ pub(crate) fn links0_block_nodes(m0: usize) -> usize {
     (MAX_INLINE_VALUE / links_bytes(m0)).max(1)
 }
 
-/// Vectors are stored in blocks of this many consecutive ids, one LMDB value
-/// per block. A 384-d vector (1,536 bytes) alone fits only twice in a 4 KiB
-/// leaf page, wasting a quarter of every page (half of the file was vector
-/// pages at 75% use); a block of 13 fills five overflow pages to 97.5%.
-/// Small vectors that already fill leaf pages well stay one per value.
-/// Blocks always exceed [`MAX_INLINE_VALUE`], so they live in overflow
-/// pages, which LMDB never moves or rewrites unless the block itself is
-/// rewritten (only the newest, still partial block is). Fixed by the
-/// dimension alone (assuming 4 KiB pages; other page sizes still work, with
-/// a different fill), so it is part of the on-disk format.
-pub(crate) fn vectors_block_nodes(vector_bytes: usize) -> usize {
-    const PAGE: usize = 4096;
-    const OVERFLOW_HEADER: usize = 16;
-    let fill = |used: usize, pages: usize| used as f64 / (pages * PAGE) as f64;
-    let inline = if 12 + vector_bytes <= MAX_INLINE_VALUE {
-        fill(((PAGE - 16) / (vector_bytes + 14)) * vector_bytes, 1)
-    } else {
-        fill(vector_bytes, (vector_bytes + OVERFLOW_HEADER).div_ceil(PAGE))
-    };
-    if inline >= 0.85 || vector_bytes == 0 {
-        return 1;
-    }
-    let block_fill = |k: usize| fill(k * vector_bytes, (k * vector_bytes + OVERFLOW_HEADER).div_ceil(PAGE));
-    let candidates = (2..=64usize).filter(|k| k * vector_bytes > MAX_INLINE_VALUE && k * vector_bytes <= 64 << 10);
-    let mut best = (1, inline);
-    for k in candidates {
-        let f = block_fill(k);
-        if f >= 0.95 {
-            return k;
-        }
-        if f > best.1 + 1e-9 {
-            best = (k, f);
-        }
-    }
-    best.0
-}
-
 /// Most fixed-size values (vectors, codes) a leaf page of `page_size` bytes
 /// can hold, rounded up: the ids this close to the newest one may share the
 /// newest (still changing) leaf page. The page size is the environment's own (LMDB takes the OS page
@@ -182,8 +145,7 @@ pub(crate) fn decode_links(bytes: &[u8], out: &mut Vec<u32>) -> bool {
 /// On-disk format version; bump on any layout change.
 ///
 /// 2: codes (`quant`) beside the vectors.
-/// 3: vectors in blocks ([`vectors_block_nodes`]).
-pub(crate) const FORMAT_VERSION: u32 = 3;
+pub(crate) const FORMAT_VERSION: u32 = 2;
 
 /// Meta key of the parameters.
 pub(crate) const META_PARAMS: &[u8] = b"params";
@@ -344,25 +306,6 @@ mod tests {
         assert_eq!(values_per_leaf(2028, 16384), 9);
         // Codes of 384-d vectors: 392 bytes.
         assert_eq!(values_per_leaf(392, 4096), 11);
-    }
-
-    #[test]
-    fn vector_blocks_fill_their_pages() {
-        // 384-d: 13 vectors in 5 overflow pages.
-        assert_eq!(vectors_block_nodes(1536), 13);
-        // Small vectors fill leaf pages well on their own.
-        assert_eq!(vectors_block_nodes(4 * 64), 1);
-        assert_eq!(vectors_block_nodes(4 * 128), 1);
-        assert_eq!(vectors_block_nodes(4), 1);
-        for dim in 1..3000usize {
-            let vb = 4 * dim;
-            let k = vectors_block_nodes(vb);
-            if k > 1 {
-                assert!(k * vb > MAX_INLINE_VALUE, "dim {dim}: a block of {k} would sit in a leaf page");
-                let pages = (k * vb + 16).div_ceil(4096);
-                assert!((k * vb) as f64 / (pages * 4096) as f64 >= 0.8, "dim {dim}: block of {k} fills badly");
-            }
-        }
     }
 
     #[test]

@@ -206,15 +206,11 @@ impl Index {
         };
         let page = store.page_size() as usize;
         let lag = |bytes| codec::values_per_leaf(bytes, page) as u32 + 1;
-        let vectors_lag = match codec::vectors_block_nodes(params.vector_bytes()) {
-            1 => lag(params.vector_bytes()),
-            // Blocks are in overflow pages that only move while the block is
-            // the newest, partial one: every id further back than a block
-            // is in a full block.
-            block => block as u32 + 1,
-        };
-        let shared =
-            SharedAddrs::new(opts.shared_cache_bytes, lag(crate::quant::code_bytes(params.dim as usize)), vectors_lag);
+        let shared = SharedAddrs::new(
+            opts.shared_cache_bytes,
+            lag(crate::quant::code_bytes(params.dim as usize)),
+            lag(params.vector_bytes()),
+        );
         Ok(Index {
             store,
             params,
@@ -381,7 +377,6 @@ impl Index {
         let mut code = Vec::with_capacity(crate::quant::code_bytes(self.params.dim as usize));
         let mut levels = Vec::with_capacity(plan.inserts.len());
         let mut ids: Vec<(u64, u32)> = Vec::with_capacity(plan.inserts.len());
-        self.write_vectors(wtxn, plan, first_new)?;
         for (i, p) in plan.inserts.iter().enumerate() {
             let id = first_new + i as u32;
             let key = codec::id_key(id);
@@ -389,6 +384,7 @@ impl Index {
             levels.push(level);
             // Ids only grow, so every new key is the largest: APPEND fills
             // pages completely instead of splitting them in half.
+            dbs.vectors.put_with_flags(wtxn, PutFlags::APPEND, &key, vector_bytes(p.vector)).map_err(err)?;
             code.clear();
             crate::quant::encode(p.vector, &mut code);
             dbs.codes.put_with_flags(wtxn, PutFlags::APPEND, &key, &code).map_err(err)?;
@@ -406,48 +402,6 @@ impl Index {
             dbs.external.put(wtxn, &codec::external_key(external), &codec::id_key(id)).map_err(err)?;
         }
         Ok(levels)
-    }
-
-    /// Writes the new points' vectors in blocks of
-    /// [`codec::vectors_block_nodes`] consecutive ids: the newest block may
-    /// be partial, so it is read and completed first; the rest are appended.
-    fn write_vectors(&self, wtxn: &mut RwTxn<'_>, plan: &Plan<'_>, first_new: u32) -> Result<(), Attempt> {
-        let store = &self.store;
-        let db = store.dbs.vectors;
-        let err = |e| attempt(store, e);
-        let vb = self.params.vector_bytes();
-        let per_block = codec::vectors_block_nodes(vb) as u32;
-        let mut block_no = first_new / per_block;
-        let mut block: Vec<u8> = Vec::with_capacity(per_block as usize * vb);
-        let held = (first_new % per_block) as usize;
-        if held > 0 {
-            let key = codec::id_key(block_no);
-            match db.get(wtxn, &key).map_err(err)? {
-                Some(old) if old.len() == held * vb => block.extend_from_slice(old),
-                found => {
-                    let detail = format!(
-                        "vector block {block_no} has {} bytes, expected {} ({held} vectors)",
-                        found.map_or(0, <[u8]>::len),
-                        held * vb
-                    );
-                    return Err(Attempt::Failed(Error::Corrupt { path: store.path.clone(), detail }));
-                }
-            }
-        }
-        let mut replace = held > 0;
-        for p in &plan.inserts {
-            block.extend_from_slice(vector_bytes(p.vector));
-            if block.len() == per_block as usize * vb {
-                put_vector_block(wtxn, db, block_no, &block, replace).map_err(err)?;
-                block.clear();
-                block_no += 1;
-                replace = false;
-            }
-        }
-        if !block.is_empty() {
-            put_vector_block(wtxn, db, block_no, &block, replace).map_err(err)?;
-        }
-        Ok(())
     }
 
     /// Repairs around retired nodes and links the new ones, in parallel on
@@ -789,14 +743,6 @@ fn overlay_len(plan: &Plan<'_>) -> u32 {
 }
 
 /// A vector's stored bytes: its f32s in little-endian order.
-/// Block numbers only grow, so a new block is the largest key: APPEND
-/// fills the leaf pages instead of splitting them. The newest block, when
-/// completed, is replaced in place.
-fn put_vector_block(wtxn: &mut RwTxn<'_>, db: store::Db, block_no: u32, block: &[u8], replace: bool) -> heed::Result<()> {
-    let key = codec::id_key(block_no);
-    if replace { db.put(wtxn, &key, block) } else { db.put_with_flags(wtxn, PutFlags::APPEND, &key, block) }
-}
-
 fn vector_bytes(v: &[f32]) -> &[u8] {
     // SAFETY: f32 has no padding and any byte pattern is a valid u8; the
     // slice covers exactly the vector's memory. shoal targets little-endian
@@ -830,7 +776,7 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(seed);
         let dir = tempfile::tempdir().unwrap();
         let opts = IndexOptions { build_threads: 2, durable: false, ..IndexOptions::default() };
-        for dim in [3u32, 96, 384, 700] {
+        for dim in [3u32, 96, 700] {
             let index = Index::open_or_create(dir.path().join(dim.to_string()), IndexParams::new(dim, crate::Metric::Euclidean), opts.clone()).unwrap();
             let mut next_external = 0u64;
             for round in 0..12 {
@@ -855,19 +801,14 @@ mod tests {
                 let txn = index.store.env.read_txn().unwrap();
                 let state = session::read_state(&index.store, &txn).unwrap();
                 let mut checked = 0;
-                let vb = index.params.vector_bytes();
-                let vectors_block = codec::vectors_block_nodes(vb) as u32;
-                for (table, db, block, bytes) in
-                    [(&shared.codes, index.store.dbs.codes, 1, 0), (&shared.vectors, index.store.dbs.vectors, vectors_block, vb)]
-                {
+                for (table, db) in [(&shared.codes, index.store.dbs.codes), (&shared.vectors, index.store.dbs.vectors)] {
                     for id in 0..state.next_id {
                         let addr = table.get(id);
                         if addr == 0 {
                             continue;
                         }
-                        let fresh = db.get(&txn, &codec::id_key(id / block)).unwrap().unwrap();
-                        let fresh = fresh.as_ptr() as usize + (id % block) as usize * bytes;
-                        assert_eq!(addr, fresh, "dim {dim} round {round}: id {id} moved");
+                        let fresh = db.get(&txn, &codec::id_key(id)).unwrap().unwrap();
+                        assert_eq!(addr, fresh.as_ptr() as usize, "dim {dim} round {round}: id {id} moved");
                         checked += 1;
                     }
                 }

@@ -110,7 +110,6 @@ pub(crate) struct TxnView<'t> {
     dim: usize,
     code_bytes: usize,
     vector_bytes: usize,
-    vectors_block: u32,
     links0_bytes: usize,
     links0_block: u32,
     links_up_bytes: usize,
@@ -137,7 +136,6 @@ impl<'t> TxnView<'t> {
             dim: params.dim as usize,
             code_bytes: quant::code_bytes(params.dim as usize),
             vector_bytes: params.vector_bytes(),
-            vectors_block: codec::vectors_block_nodes(params.vector_bytes()) as u32,
             links0_bytes: codec::links_bytes(m0),
             links0_block: codec::links0_block_nodes(m0) as u32,
             links_up_bytes: codec::links_bytes(params.max_links(1)),
@@ -157,20 +155,6 @@ impl<'t> TxnView<'t> {
             Some(bytes) if bytes.len() == len => Ok(bytes.as_ptr()),
             Some(bytes) => Err(self.corrupt(format!("{what} of node {id} has {} bytes, expected {len}", bytes.len()))),
             None => Err(self.corrupt(format!("{what} of node {id} is missing"))),
-        }
-    }
-
-    /// The address of `id`'s vector inside its block.
-    fn fetch_vector(&self, id: u32) -> Result<*const u8> {
-        let vb = self.vector_bytes;
-        let (block_no, slot) = (id / self.vectors_block, (id % self.vectors_block) as usize);
-        match self.store.dbs.vectors.get(self.txn, &codec::id_key(block_no)).map_err(|e| self.store.err(e))? {
-            Some(block) if block.len() >= (slot + 1) * vb && block.len() % vb == 0 => {
-                // SAFETY: in bounds, checked above.
-                Ok(unsafe { block.as_ptr().add(slot * vb) })
-            }
-            Some(block) => Err(self.corrupt(format!("vector block {block_no} of node {id} has {} bytes", block.len()))),
-            None => Err(self.corrupt(format!("vector of node {id} is missing"))),
         }
     }
 
@@ -221,7 +205,7 @@ impl<'t> TxnView<'t> {
         if let Some(p) = self.cache.vectors.get(id).get() {
             return Ok(p.cast());
         }
-        let p = self.fetch_vector(id)?;
+        let p = self.fetch(self.store.dbs.vectors, &codec::id_key(id), self.vector_bytes, "vector", id)?;
         let addr = p as usize;
         if let Some(f) = frozen
             && addr.is_multiple_of(align_of::<f32>())

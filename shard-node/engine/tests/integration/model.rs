@@ -92,8 +92,8 @@ fn to_batch(ops: &[ModelOp], offset: Option<u64>) -> Batch {
 }
 
 /// Repeats every vector `times` times over: distances keep their order, and
-/// wide vectors take the engine's other storage path (vectors in blocks,
-/// `codec::vectors_block_nodes`), which narrow ones never reach.
+/// wide vectors take LMDB's other storage path (a value larger than half a
+/// page lives in overflow pages of its own), which narrow ones never reach.
 fn widen(history: History, queries: Vec<Vec<f32>>, times: usize) -> (History, Vec<Vec<f32>>) {
     let history = history
         .into_iter()
@@ -170,10 +170,10 @@ proptest! {
 }
 
 proptest! {
-    // 600 dimensions: 2,400-byte vectors, stored five to a block.
+    // 600 dimensions: 2,400-byte vectors, each in an overflow page.
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
     #[test]
-    fn wide_vectors_in_blocks_match_the_model(
+    fn wide_vectors_in_overflow_pages_match_the_model(
         history in batches(),
         queries in proptest::collection::vec(vector(), 3),
         metric in prop_oneof![Just(Metric::Cosine), Just(Metric::Euclidean), Just(Metric::Dot)],
