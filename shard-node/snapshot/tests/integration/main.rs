@@ -8,4 +8,5 @@ mod conformance;
 mod damage;
 mod disk_full;
 mod incremental;
+mod progress;
 mod under_ingest;
