@@ -100,7 +100,6 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
     tracing::debug!(direct = file.is_direct(), "restore writes");
     progress.set_phase(Phase::Transferring);
     let t0 = std::time::Instant::now();
-    let cpu0 = cpu_time();
     // Owned items: futures that borrow from the iterator trip the
     // compiler's Send check (higher-ranked lifetimes) under tonic.
     let items: Vec<(usize, u64, ChunkRef)> = m.chunk_offsets().map(|(i, o, c)| (i, o, c.clone())).collect();
@@ -158,7 +157,6 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
         .map_err(|e| with_needed(e, m.image_bytes))?;
     progress.set_phase(Phase::Finishing);
     let transferred = t0.elapsed();
-    let transfer_cpu = cpu_time().saturating_sub(cpu0);
     let (m2, staging2, engine) = (m.clone(), staging.to_owned(), opts.engine.clone());
     tokio::task::spawn_blocking(move || {
         file.sync().map_err(|e| SnapshotError::io(file.path(), e))?;
@@ -167,21 +165,12 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
         let checked = check_restored(&m2, &staging2, engine);
         // Where a slow restore spends its time: the transfer (download,
         // decompress, hash, write), the final fsync, the open and compare.
-        tracing::debug!(?transferred, ?transfer_cpu, ?synced, total = ?t0.elapsed(), "restore phases");
+        tracing::debug!(?transferred, ?synced, total = ?t0.elapsed(), "restore phases");
         checked
     })
     .await
     .map_err(join_error)?
     .map_err(|e| with_needed(e, m.image_bytes))
-}
-
-/// CPU time of the whole process (user + system), for the debug log.
-fn cpu_time() -> std::time::Duration {
-    // SAFETY: getrusage only writes the struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 thread_local! {
