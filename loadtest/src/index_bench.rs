@@ -63,6 +63,12 @@ pub(crate) struct Args {
     /// address tables, so its time is not the steady-state time.
     #[arg(long)]
     reopen_before_insert: bool,
+    /// Measured batches per index size. Each goes into the index the one
+    /// before it left (so the index grows by a batch each time); the
+    /// median is reported. More than one steadies the figure on a noisy
+    /// machine; 1 is the peers' protocol.
+    #[arg(long, default_value_t = 1)]
+    incremental_repeats: usize,
     /// Directory for the index environments (default: the system temp dir).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -167,7 +173,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     if !a.no_incremental {
         let added = a.incremental_batch;
         for &size in &a.incremental_sizes {
-            if size + added > base.len() {
+            if size + added * a.incremental_repeats.max(1) > base.len() {
                 eprintln!("skipping {added} into {size}: the base file has {} vectors", base.len());
                 continue;
             }
@@ -185,19 +191,28 @@ pub(crate) fn run(a: Args) -> Result<()> {
             } else {
                 idx
             };
-            let batch = read_batch(&base, size, size + added)?;
             let sampler = PeakSampler::start();
             let before = sampler.start;
-            let t = Instant::now();
-            idx.apply(batch)?;
-            let ms = t.elapsed().as_secs_f64() * 1000.0 / added as f64;
+            let mut samples = Vec::new();
+            for r in 0..a.incremental_repeats.max(1) {
+                let from = size + r * added;
+                let batch = read_batch(&base, from, from + added)?;
+                let t = Instant::now();
+                idx.apply(batch)?;
+                samples.push(t.elapsed().as_secs_f64() * 1000.0 / added as f64);
+            }
             let peak = sampler.finish();
+            let mut sorted = samples.clone();
+            sorted.sort_by(f64::total_cmp);
+            let ms = sorted[sorted.len() / 2];
             eprintln!(
-                "{added} into {size}: {ms:.4} ms/vector, peak RssAnon {} MiB ({} MiB before the batch)",
+                "{added} into {size}: {ms:.4} ms/vector, peak RssAnon {} MiB ({} MiB before the batch){}",
                 peak >> 20,
-                before >> 20
+                before >> 20,
+                if samples.len() > 1 { format!(", median of {samples:.4?}") } else { String::new() }
             );
-            incremental.push(json!({"base": size, "added": added, "ms_per_vector": round(ms, 4),
+            let samples: Vec<f64> = samples.iter().map(|&s| round(s, 4)).collect();
+            incremental.push(json!({"base": size, "added": added, "ms_per_vector": round(ms, 4), "samples": samples,
                                     "peak_rss_anon_bytes": peak, "rss_anon_before_bytes": before}));
             drop(idx);
             std::fs::remove_dir_all(&d).ok();
