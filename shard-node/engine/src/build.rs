@@ -18,7 +18,7 @@ use parking_lot::{Mutex, MutexGuard, RawMutex, lock_api::ArcMutexGuard};
 use rustc_hash::FxBuildHasher;
 
 use crate::error::{Error, Result};
-use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer, select_neighbours};
+use crate::hnsw::{Scored, Scratch, greedy_closest, prefetch, search_layer, select_neighbours};
 use crate::params::IndexParams;
 use crate::store::Store;
 use crate::quant::Code;
@@ -413,6 +413,13 @@ impl BuildCtx<'_> {
             return Ok(());
         }
         let vn = view.code(n)?;
+        // Start loading every member's code before the first distance waits
+        // for one: at 100k points most of them miss the CPU caches, and one
+        // after the other they would cost a full memory latency each.
+        let code_bytes = crate::quant::code_bytes(vn.dim());
+        for &x in list.iter() {
+            prefetch(view.code(x)?.as_ptr(), code_bytes);
+        }
         w.cands.clear();
         w.cands.push(Scored { dist, id: new });
         for &x in list.iter() {
@@ -448,6 +455,11 @@ impl BuildCtx<'_> {
                 if x != dead && !view.is_tombstone(x)? {
                     live.push(x);
                 }
+            }
+            // Every live neighbour's code is read for every other one below.
+            for &x in &live {
+                let c = view.code(x)?;
+                prefetch(c.as_ptr(), crate::quant::code_bytes(c.dim()));
             }
             let cap = self.params.max_links(l);
             for i in 0..live.len() {

@@ -80,6 +80,10 @@ pub(crate) fn greedy_closest<'g, G: Graph<'g>>(
     loop {
         let mut moved = false;
         graph.links(best.id, level, &mut scratch.links)?;
+        let code_bytes = crate::quant::code_bytes(query.dim());
+        for &n in &scratch.links {
+            prefetch(graph.code(n)?.as_ptr(), code_bytes);
+        }
         for i in 0..scratch.links.len() {
             let n = scratch.links[i];
             let d = metric.code_distance(query, graph.code(n)?);
