@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::hnsw::{Scored, Scratch, greedy_closest, prefetch, search_layer, select_neighbours};
 use crate::params::IndexParams;
 use crate::store::Store;
-use crate::quant::Code;
+use crate::quant::{Code, Precision, Walk};
 use crate::view::{Frozen, Graph, NodeCache, TxnView};
 
 /// Link lists changed by the batch, held in memory until the readers close.
@@ -315,9 +315,13 @@ impl BuildCtx<'_> {
         let query = view.code(node)?;
         let level = self.overlay.level_of_new(node);
         let (entry_id, top) = entry;
-        let mut best = Scored { dist: metric.code_distance(query, view.code(entry_id)?), id: entry_id };
+        // The walk only gathers candidates; they are re-scored in full
+        // before any link is chosen, so it can read half of each code.
+        let walk = Walk { metric, precision: Precision::Coarse };
+        let full = Walk { metric, precision: Precision::Full };
+        let mut best = Scored { dist: walk.distance(query, view.code(entry_id)?), id: entry_id };
         for l in (level.saturating_add(1)..=top).rev() {
-            best = greedy_closest(view, &mut w.scratch, metric, query, best, l)?;
+            best = greedy_closest(view, &mut w.scratch, walk, query, best, l)?;
         }
         // Never longer than the live point count: with mostly tombstones,
         // a longer list could only be filled by visiting every node.
@@ -326,22 +330,33 @@ impl BuildCtx<'_> {
         w.entry.push(best);
         w.back.clear();
         for l in (0..=level.min(top)).rev() {
-            search_layer(view, &mut w.scratch, metric, query, &w.entry, ef, l, self.has_tombstones, &mut w.found)?;
+            search_layer(view, &mut w.scratch, walk, query, &w.entry, ef, l, self.has_tombstones, &mut w.found)?;
             w.found.retain(|s| s.id != node);
             if w.found.is_empty() && self.has_tombstones {
                 // Every node this search reached is retired: link to them
                 // anyway (as hnswlib links to a deleted entry point), or the
                 // new node would be unreachable. Pruning drops those links
                 // later, once live neighbours exist.
-                search_layer(view, &mut w.scratch, metric, query, &w.entry, ef, l, false, &mut w.found)?;
+                search_layer(view, &mut w.scratch, walk, query, &w.entry, ef, l, false, &mut w.found)?;
                 w.found.retain(|s| s.id != node);
             }
+            // Re-score the candidates in full: links are chosen (and later
+            // pruned) on full-precision distances only.
+            let full_bytes = Precision::Full.bytes(query.dim());
+            for s in &w.found {
+                prefetch(view.code(s.id)?.as_ptr(), full_bytes);
+            }
+            w.cands.clear();
+            for s in &w.found {
+                w.cands.push(Scored { dist: metric.code_distance(query, view.code(s.id)?), id: s.id });
+            }
+            w.cands.sort_unstable();
             // As in hnswlib, a new node takes M links on every layer; M0 is
             // the room existing bottom-layer nodes have for back links.
-            select_neighbours(view, metric, &w.found, self.params.m as usize, &mut w.chosen)?;
+            select_neighbours(view, full, &w.cands, self.params.m as usize, &mut w.chosen)?;
             self.set_own_links(view, w, node, l)?;
             for &n in &w.chosen {
-                let d = w.found.iter().find(|s| s.id == n).map_or(f32::INFINITY, |s| s.dist);
+                let d = w.cands.iter().find(|s| s.id == n).map_or(f32::INFINITY, |s| s.dist);
                 w.back.push((l, Scored { dist: d, id: n }));
             }
             if !w.found.is_empty() {
@@ -384,7 +399,7 @@ impl BuildCtx<'_> {
                 w.cands.push(Scored { dist: metric.code_distance(v, view.code(x)?), id: x });
             }
             w.cands.sort_unstable();
-            select_neighbours(view, metric, &w.cands, cap, &mut w.pruned)?;
+            select_neighbours(view, Walk { metric, precision: Precision::Full }, &w.cands, cap, &mut w.pruned)?;
             own.clear();
             own.extend_from_slice(&w.pruned);
         }
@@ -413,10 +428,13 @@ impl BuildCtx<'_> {
             return Ok(());
         }
         let vn = view.code(n)?;
+        // Pruning decides which links a node keeps: full precision (coarse
+        // pruning measured 0.01 lower recall at ef=16 for no clear gain).
+        let prune = Walk { metric, precision: Precision::Full };
         // Start loading every member's code before the first distance waits
         // for one: at 100k points most of them miss the CPU caches, and one
         // after the other they would cost a full memory latency each.
-        let code_bytes = crate::quant::code_bytes(vn.dim());
+        let code_bytes = prune.bytes(vn.dim());
         for &x in list.iter() {
             prefetch(view.code(x)?.as_ptr(), code_bytes);
         }
@@ -424,11 +442,11 @@ impl BuildCtx<'_> {
         w.cands.push(Scored { dist, id: new });
         for &x in list.iter() {
             if !view.is_tombstone(x)? {
-                w.cands.push(Scored { dist: metric.code_distance(vn, view.code(x)?), id: x });
+                w.cands.push(Scored { dist: prune.distance(vn, view.code(x)?), id: x });
             }
         }
         w.cands.sort_unstable();
-        select_neighbours(view, metric, &w.cands, cap, &mut w.pruned)?;
+        select_neighbours(view, prune, &w.cands, cap, &mut w.pruned)?;
         list.clear();
         list.extend_from_slice(&w.pruned);
         Ok(())
@@ -475,7 +493,7 @@ impl BuildCtx<'_> {
                             }
                         }
                         w.cands.sort_unstable();
-                        select_neighbours(view, metric, &w.cands, cap, &mut w.pruned)?;
+                        select_neighbours(view, Walk { metric, precision: Precision::Full }, &w.cands, cap, &mut w.pruned)?;
                         list.clear();
                         list.extend_from_slice(&w.pruned);
                     }

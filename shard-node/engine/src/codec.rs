@@ -145,7 +145,9 @@ pub(crate) fn decode_links(bytes: &[u8], out: &mut Vec<u32>) -> bool {
 /// On-disk format version; bump on any layout change.
 ///
 /// 2: codes (`quant`) beside the vectors.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// 4: codes split into planes of high and low nibbles (3 was taken by the
+///    unmerged `vector-blocks` layout, so that its files are never misread).
+pub(crate) const FORMAT_VERSION: u32 = 4;
 
 /// Meta key of the parameters.
 pub(crate) const META_PARAMS: &[u8] = b"params";

@@ -34,6 +34,7 @@ mod hnsw;
 mod index;
 mod locality;
 mod metric;
+mod nibble;
 mod params;
 mod plan;
 mod quant;

@@ -10,7 +10,7 @@ use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer};
 use crate::params::IndexParams;
 use crate::store::Store;
 use crate::cache::SharedAddrs;
-use crate::quant::OwnedCode;
+use crate::quant::{OwnedCode, Precision, Walk};
 use crate::view::{Frozen, Graph, NodeCache, TxnView};
 
 /// One search result.
@@ -131,11 +131,14 @@ impl Session {
         let mut view = unsafe { TxnView::new(txn, store, cache, Some(frozen), params) };
         let code = OwnedCode::new(query);
         let qc = code.code();
-        let mut best = Scored { dist: metric.code_distance(qc, view.code(entry)?), id: entry };
+        // A search's candidates are its answer, so it walks at full
+        // precision (an insert walks coarse; see `quant`).
+        let walk = Walk { metric, precision: Precision::Full };
+        let mut best = Scored { dist: walk.distance(qc, view.code(entry)?), id: entry };
         for l in (1..=top).rev() {
-            best = greedy_closest(&mut view, scratch, metric, qc, best, l)?;
+            best = greedy_closest(&mut view, scratch, walk, qc, best, l)?;
         }
-        search_layer(&mut view, scratch, metric, qc, &[best], ef, 0, skip, found)?;
+        search_layer(&mut view, scratch, walk, qc, &[best], ef, 0, skip, found)?;
         // The walk ranked candidates by their codes; re-score the best ones
         // with the exact vectors, so results and distances are exact.
         found.truncate(rescore.count(sp.k, found.len()));

@@ -5,8 +5,7 @@ use std::collections::BinaryHeap;
 
 use crate::cache::Visited;
 use crate::error::Result;
-use crate::metric::Metric;
-use crate::quant::Code;
+use crate::quant::{Code, Walk};
 use crate::view::Graph;
 
 /// A node and its distance to the current query.
@@ -72,21 +71,21 @@ impl Scratch {
 pub(crate) fn greedy_closest<'g, G: Graph<'g>>(
     graph: &mut G,
     scratch: &mut Scratch,
-    metric: Metric,
+    walk: Walk,
     query: Code<'_>,
     mut best: Scored,
     level: u8,
 ) -> Result<Scored> {
+    let code_bytes = walk.bytes(query.dim());
     loop {
         let mut moved = false;
         graph.links(best.id, level, &mut scratch.links)?;
-        let code_bytes = crate::quant::code_bytes(query.dim());
         for &n in &scratch.links {
             prefetch(graph.code(n)?.as_ptr(), code_bytes);
         }
         for i in 0..scratch.links.len() {
             let n = scratch.links[i];
-            let d = metric.code_distance(query, graph.code(n)?);
+            let d = walk.distance(query, graph.code(n)?);
             if d < best.dist {
                 best = Scored { dist: d, id: n };
                 moved = true;
@@ -106,7 +105,7 @@ pub(crate) fn greedy_closest<'g, G: Graph<'g>>(
 pub(crate) fn search_layer<'g, G: Graph<'g>>(
     graph: &mut G,
     scratch: &mut Scratch,
-    metric: Metric,
+    walk: Walk,
     query: Code<'_>,
     entry: &[Scored],
     ef: usize,
@@ -132,7 +131,7 @@ pub(crate) fn search_layer<'g, G: Graph<'g>>(
     }
     let mut bound = if results.len() >= ef { results.peek().map_or(f32::INFINITY, |r| r.dist) } else { f32::INFINITY };
     let dim = query.dim();
-    let code_bytes = crate::quant::code_bytes(dim);
+    let code_bytes = walk.bytes(dim);
 
     while let Some(Reverse(c)) = candidates.pop() {
         if c.dist > bound && results.len() >= ef {
@@ -161,7 +160,7 @@ pub(crate) fn search_layer<'g, G: Graph<'g>>(
             // SAFETY: `p` came from `graph.code` in this call: a code of
             // `dim` components that lives as long as the graph's transaction.
             let code = unsafe { Code::from_raw(p, dim) };
-            let d = metric.code_distance(query, code);
+            let d = walk.distance(query, code);
             if results.len() < ef || d < bound {
                 candidates.push(Reverse(Scored { dist: d, id: n }));
                 if !(skip_tombstones && graph.is_tombstone(n)?) {

@@ -2,8 +2,7 @@
 
 use crate::error::Result;
 use crate::hnsw::Scored;
-use crate::metric::Metric;
-use crate::quant::Code;
+use crate::quant::{Code, Walk};
 use crate::view::Graph;
 
 /// HNSW's neighbour-selection heuristic (the paper's algorithm 4, as in
@@ -15,7 +14,7 @@ use crate::view::Graph;
 /// `candidates` must be sorted by distance to the base, ascending.
 pub(crate) fn select_neighbours<'g, G: Graph<'g>>(
     graph: &mut G,
-    metric: Metric,
+    walk: Walk,
     candidates: &[Scored],
     m: usize,
     out: &mut Vec<u32>,
@@ -31,7 +30,7 @@ pub(crate) fn select_neighbours<'g, G: Graph<'g>>(
             break;
         }
         let v = graph.code(c.id)?;
-        if kept.iter().all(|&k| metric.code_distance(v, k) >= c.dist) {
+        if kept.iter().all(|&k| walk.distance(v, k) >= c.dist) {
             out.push(c.id);
             kept.push(v);
         }
