@@ -25,5 +25,6 @@ echo "== hnswlib" >&2
 echo "== faiss" >&2
 "$py" "$shared/peers/bench.py" --lib faiss "${flags[@]}" --json "$out/faiss.json" >/dev/null
 echo "== hannoy" >&2
-"$shared/peers/hannoy-bench/target/release/hannoy-bench" "${flags[@]}" --json "$out/hannoy.json" >/dev/null
+# setup.sh builds hannoy-bench with cargo, so it lands in CARGO_TARGET_DIR when set.
+"${CARGO_TARGET_DIR:-$shared/peers/hannoy-bench/target}/release/hannoy-bench" "${flags[@]}" --json "$out/hannoy.json" >/dev/null
 "$bin"/shoal-loadtest compare "$out"/shoal.json "$out"/hnswlib.json "$out"/faiss.json "$out"/hannoy.json
