@@ -186,7 +186,7 @@ impl Metric {
         // The integer dot product is exact; only the rounding of the
         // components is approximate.
         let dot = nibble::full(a.high(), a.low(), b.high(), b.low());
-        self.from_dot(a, b, a.scale() * b.scale() * dot as f32)
+        self.distance_from_dot(a, b, a.scale() * b.scale() * dot as f32)
     }
 
     /// Like [`Metric::code_distance`] from the high nibbles only: each
@@ -203,7 +203,7 @@ impl Metric {
         // Twice each bucket middle is 32·u - 241; expand the product of the
         // sums and halve twice, exactly in integers up to the last step.
         let four_dot = 1024 * p - 7712 * (sa + sb) + 58081 * a.dim as i64;
-        self.from_dot(a, b, a.scale() * b.scale() * (four_dot as f32 * 0.25))
+        self.distance_from_dot(a, b, a.scale() * b.scale() * (four_dot as f32 * 0.25))
     }
 
     /// Distance between two codes of the given precision.
@@ -216,7 +216,7 @@ impl Metric {
     }
 
     #[inline]
-    fn from_dot(self, a: Code<'_>, b: Code<'_>, dot: f32) -> f32 {
+    fn distance_from_dot(self, a: Code<'_>, b: Code<'_>, dot: f32) -> f32 {
         match self {
             Metric::Cosine => 1.0 - dot,
             Metric::Dot => -dot,
