@@ -241,7 +241,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
                     }
                 },
             },
-            _ => measure(&ctx, mode, None)?,
+            Mode::Warm | Mode::Cold => measure(&ctx, mode, None)?,
         };
         print_mode(&result);
         runs.push(result);

@@ -27,7 +27,7 @@ pub(crate) fn exact(base: &VecFile, n: usize, queries: &[Vec<f32>], metric: Metr
                 .map(|(i, r)| {
                     let d = match metric {
                         Metric::Euclidean => r.iter().zip(&q).map(|(a, b)| (a - b) * (a - b)).sum::<f32>(),
-                        _ => -r.iter().zip(&q).map(|(a, b)| a * b).sum::<f32>(),
+                        Metric::Cosine | Metric::Dot => -r.iter().zip(&q).map(|(a, b)| a * b).sum::<f32>(),
                     };
                     (d, i as u32)
                 })

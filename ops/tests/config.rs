@@ -15,8 +15,7 @@ fn the_example_config_parses_and_shows_the_defaults() {
         .extract()
         .expect("coordinator section");
     assert_eq!(coord.shard_nodes.len(), 2);
-    let mut defaults = CoordinatorConfig::default();
-    defaults.shard_nodes = coord.shard_nodes.clone();
+    let defaults = CoordinatorConfig { shard_nodes: coord.shard_nodes.clone(), ..CoordinatorConfig::default() };
     assert_eq!(coord, defaults, "the example's coordinator values drifted from the defaults");
 
     let shard: ShardNodeConfig = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
@@ -36,6 +35,8 @@ fn unknown_keys_are_errors_not_silently_ignored() {
 }
 
 #[test]
+// figment's `Jail` closure returns figment's own (large) error type.
+#[allow(clippy::result_large_err)]
 fn environment_overrides_the_file() {
     figment::Jail::expect_with(|jail| {
         jail.set_env("SHOAL_SHARD_ENGINE__DURABLE", "false");

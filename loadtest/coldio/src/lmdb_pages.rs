@@ -223,6 +223,9 @@ impl Walker<'_> {
     }
 }
 
+/// A meta page's fields this parser uses, in on-disk order.
+type MetaFields = (u64, u64, u64, u64, u32);
+
 impl PageMap {
     /// Reads the environment's `data.mdb` (through the page cache: drop its
     /// pages again afterwards if the next measurement must start cold).
@@ -236,7 +239,7 @@ impl PageMap {
     fn parse(data: &[u8], path: &Path, classify: Option<Classifier<'_>>) -> io::Result<PageMap> {
         let b = Bytes { data, path };
         // The two meta pages; the one with the larger txnid is current.
-        let meta = |off: usize| -> io::Result<Option<(u64, u64, u64, u64, u32)>> {
+        let meta = |off: usize| -> io::Result<Option<MetaFields>> {
             if b.u32(off + PAGE_HEADER)? != MAGIC {
                 return Ok(None);
             }

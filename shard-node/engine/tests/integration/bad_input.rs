@@ -24,6 +24,8 @@ fn rejected(metric: Metric, batch: Batch) -> InvalidInput {
     assert_eq!(fx.index.stats().unwrap(), stats_before);
     assert_eq!(fx.index.offset("src").unwrap(), Some(5));
     assert!(std::fs::read(&data).unwrap() == bytes_before, "the data file changed");
+    // Any other error fails the test, whatever variants come later.
+    #[allow(clippy::wildcard_enum_match_arm)]
     match err {
         Error::Invalid(e) => e,
         other => panic!("not an input error: {other}"),
@@ -94,6 +96,8 @@ fn bad_queries_get_precise_errors() {
     let mut rng = rng("bad_queries_get_precise_errors");
     let fx = Fixture::new(4, Metric::Cosine);
     fx.index.apply(random_batch(&mut rng, 4, 0..10)).unwrap();
+    // Any other error fails the test, whatever variants come later.
+    #[allow(clippy::wildcard_enum_match_arm)]
     let err = |q: &[f32], k, ef| match fx.index.search(q, SearchParams::new(k, ef)).unwrap_err() {
         Error::Invalid(e) => e,
         other => panic!("{other}"),
