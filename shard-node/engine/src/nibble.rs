@@ -48,7 +48,7 @@ pub(crate) fn coarse(a: &[u8], b: &[u8]) -> (u32, u32, u32) {
     #[cfg(target_arch = "x86_64")]
     match level() {
         // SAFETY: the CPU has the features (checked at run time).
-        Level::Vnni => return unsafe { x86::coarse_vnni(a, b) },
+        Level::Vnni => return unsafe { x86_512::coarse_vnni(a, b) },
         Level::Avx2 => return unsafe { x86::coarse_avx2(a, b) },
         Level::Scalar => {}
     }
@@ -62,7 +62,7 @@ pub(crate) fn full(a_high: &[u8], a_low: &[u8], b_high: &[u8], b_low: &[u8]) -> 
     #[cfg(target_arch = "x86_64")]
     match level() {
         // SAFETY: the CPU has the features (checked at run time).
-        Level::Vnni => return unsafe { x86::full_vnni(a_high, a_low, b_high, b_low) },
+        Level::Vnni => return unsafe { x86_512::full_vnni(a_high, a_low, b_high, b_low) },
         Level::Avx2 => return unsafe { x86::full_avx2(a_high, a_low, b_high, b_low) },
         Level::Scalar => {}
     }
@@ -121,8 +121,6 @@ pub(crate) fn full_scalar(a_high: &[u8], a_low: &[u8], b_high: &[u8], b_low: &[u
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
-
-    pub(super) use super::x86_512::{coarse_vnni, full_vnni};
 
     /// Horizontal sum of eight i32 lanes.
     #[target_feature(enable = "avx2")]
@@ -337,7 +335,7 @@ mod tests {
                 }
                 if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
                     // SAFETY: checked just above.
-                    prop_assert_eq!(unsafe { x86::full_vnni(&ah, &al, &bh, &bl) }, exact);
+                    prop_assert_eq!(unsafe { x86_512::full_vnni(&ah, &al, &bh, &bl) }, exact);
                 }
             }
             let pad = 2 * plane_bytes(a.len()) - a.len();
@@ -354,7 +352,7 @@ mod tests {
                 }
                 if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
                     // SAFETY: checked just above.
-                    prop_assert_eq!(unsafe { x86::coarse_vnni(&ah, &bh) }, (p, us(&a), us(&b)));
+                    prop_assert_eq!(unsafe { x86_512::coarse_vnni(&ah, &bh) }, (p, us(&a), us(&b)));
                 }
             }
         }

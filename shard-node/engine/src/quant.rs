@@ -65,6 +65,14 @@ pub(crate) struct Walk {
 }
 
 impl Walk {
+    pub(crate) fn coarse(metric: Metric) -> Self {
+        Walk { metric, precision: Precision::Coarse }
+    }
+
+    pub(crate) fn full(metric: Metric) -> Self {
+        Walk { metric, precision: Precision::Full }
+    }
+
     #[inline]
     pub(crate) fn distance(self, a: Code<'_>, b: Code<'_>) -> f32 {
         self.metric.distance_at(self.precision, a, b)

@@ -10,7 +10,7 @@ use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer};
 use crate::params::IndexParams;
 use crate::store::Store;
 use crate::cache::SharedAddrs;
-use crate::quant::{OwnedCode, Precision, Walk};
+use crate::quant::{OwnedCode, Walk};
 use crate::view::{Frozen, Graph, NodeCache, TxnView};
 
 /// One search result.
@@ -133,7 +133,7 @@ impl Session {
         let qc = code.code();
         // A search's candidates are its answer, so it walks at full
         // precision (an insert walks coarse; see `quant`).
-        let walk = Walk { metric, precision: Precision::Full };
+        let walk = Walk::full(metric);
         let mut best = Scored { dist: walk.distance(qc, view.code(entry)?), id: entry };
         for l in (1..=top).rev() {
             best = greedy_closest(&mut view, scratch, walk, qc, best, l)?;

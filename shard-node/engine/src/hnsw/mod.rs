@@ -6,5 +6,5 @@ mod search;
 mod select;
 
 pub(crate) use level::level_for;
-pub(crate) use search::{Scored, Scratch, greedy_closest, prefetch, search_layer};
+pub(crate) use search::{Scored, Scratch, greedy_closest, prefetch, prefetch_codes, search_layer};
 pub(crate) use select::select_neighbours;

@@ -80,9 +80,7 @@ pub(crate) fn greedy_closest<'g, G: Graph<'g>>(
     loop {
         let mut moved = false;
         graph.links(best.id, level, &mut scratch.links)?;
-        for &n in &scratch.links {
-            prefetch(graph.code(n)?.as_ptr(), code_bytes);
-        }
+        prefetch_codes(graph, &scratch.links, code_bytes)?;
         for i in 0..scratch.links.len() {
             let n = scratch.links[i];
             let d = walk.distance(query, graph.code(n)?);
@@ -178,6 +176,16 @@ pub(crate) fn search_layer<'g, G: Graph<'g>>(
     out.clear();
     out.extend(results.drain());
     out.sort_unstable();
+    Ok(())
+}
+
+/// Starts loading the first `bytes` bytes of the codes of `ids`, so that
+/// the distances computed next overlap their memory latencies instead of
+/// waiting for one code after the other.
+pub(crate) fn prefetch_codes<'g, G: Graph<'g>>(graph: &mut G, ids: &[u32], bytes: usize) -> Result<()> {
+    for &id in ids {
+        prefetch(graph.code(id)?.as_ptr(), bytes);
+    }
     Ok(())
 }
 
