@@ -100,6 +100,29 @@ pub(crate) fn links0_block_nodes(m0: usize) -> usize {
     (MAX_INLINE_VALUE / links_bytes(m0)).max(1)
 }
 
+/// Codes are stored in blocks of this many consecutive ids, one LMDB value
+/// per block in overflow pages, so a code's address is its block's address
+/// plus arithmetic: the table of addresses a walk keeps is one entry per
+/// block (3.2k entries at 100k points of 384-d, always in cache) instead of
+/// one per id.
+/// The smallest block over the inline limit that fills its pages to 97%
+/// (else the best up to 64 KiB). Part of the on-disk format.
+pub(crate) fn codes_block_nodes(code_bytes: usize) -> usize {
+    const PAGE: usize = 4096;
+    let fill = |k: usize| (k * code_bytes) as f64 / ((k * code_bytes + 16).div_ceil(PAGE) * PAGE) as f64;
+    let mut best = (1, 0.0);
+    for k in (2..=512usize).filter(|k| k * code_bytes > MAX_INLINE_VALUE && k * code_bytes <= 64 << 10) {
+        let f = fill(k);
+        if f >= 0.97 {
+            return k;
+        }
+        if f > best.1 + 1e-9 {
+            best = (k, f);
+        }
+    }
+    best.0
+}
+
 /// Most fixed-size values (vectors, codes) a leaf page of `page_size` bytes
 /// can hold, rounded up: the ids this close to the newest one may share the
 /// newest (still changing) leaf page. The page size is the environment's own (LMDB takes the OS page
@@ -147,7 +170,9 @@ pub(crate) fn decode_links(bytes: &[u8], out: &mut Vec<u32>) -> bool {
 /// 2: codes (`quant`) beside the vectors.
 /// 4: codes split into planes of high and low nibbles (3 was taken by the
 ///    unmerged `vector-blocks` layout, so that its files are never misread).
-pub(crate) const FORMAT_VERSION: u32 = 4;
+///
+/// 5: codes in blocks ([`codes_block_nodes`]).
+pub(crate) const FORMAT_VERSION: u32 = 5;
 
 /// Meta key of the parameters.
 pub(crate) const META_PARAMS: &[u8] = b"params";
@@ -308,6 +333,17 @@ mod tests {
         assert_eq!(values_per_leaf(2028, 16384), 9);
         // Codes of 384-d vectors: 392 bytes.
         assert_eq!(values_per_leaf(392, 4096), 11);
+    }
+
+    #[test]
+    fn code_blocks_fill_their_pages() {
+        assert_eq!(codes_block_nodes(392), 31);
+        for dim in 1..3000usize {
+            let cb = crate::quant::code_bytes(dim);
+            let k = codes_block_nodes(cb);
+            assert!(k * cb > MAX_INLINE_VALUE || k == 1, "dim {dim}");
+            assert!(k * cb <= 64 << 10 || k == 1, "dim {dim}");
+        }
     }
 
     #[test]

@@ -206,11 +206,10 @@ impl Index {
         };
         let page = store.page_size() as usize;
         let lag = |bytes| codec::values_per_leaf(bytes, page) as u32 + 1;
-        let shared = SharedAddrs::new(
-            opts.shared_cache_bytes,
-            lag(crate::quant::code_bytes(params.dim as usize)),
-            lag(params.vector_bytes()),
-        );
+        // Code blocks live in overflow pages that move only while the block
+        // is the newest, partial one.
+        let codes_lag = codec::codes_block_nodes(crate::quant::code_bytes(params.dim as usize)) as u32 + 1;
+        let shared = SharedAddrs::new(opts.shared_cache_bytes, codes_lag, lag(params.vector_bytes()));
         Ok(Index {
             store,
             params,
@@ -377,6 +376,7 @@ impl Index {
         let mut code = Vec::with_capacity(crate::quant::code_bytes(self.params.dim as usize));
         let mut levels = Vec::with_capacity(plan.inserts.len());
         let mut ids: Vec<(u64, u32)> = Vec::with_capacity(plan.inserts.len());
+        let mut codes = Vec::with_capacity(plan.inserts.len() * code.capacity());
         for (i, p) in plan.inserts.iter().enumerate() {
             let id = first_new + i as u32;
             let key = codec::id_key(id);
@@ -387,7 +387,7 @@ impl Index {
             dbs.vectors.put_with_flags(wtxn, PutFlags::APPEND, &key, vector_bytes(p.vector)).map_err(err)?;
             code.clear();
             crate::quant::encode(p.vector, &mut code);
-            dbs.codes.put_with_flags(wtxn, PutFlags::APPEND, &key, &code).map_err(err)?;
+            codes.extend_from_slice(&code);
             let record = NodeRecord { external: p.external, level, flags: 0 };
             dbs.nodes.put_with_flags(wtxn, PutFlags::APPEND, &key, &record.encode()).map_err(err)?;
             if let Some(payload) = p.payload {
@@ -395,6 +395,8 @@ impl Index {
             }
             ids.push((p.external, id));
         }
+        let code_bytes = crate::quant::code_bytes(self.params.dim as usize);
+        self.write_blocks(wtxn, dbs.codes, codec::codes_block_nodes(code_bytes) as u32, code_bytes, first_new, &codes)?;
         // External ids are the user's and may be random: writing them in key
         // order at least keeps each touched page touched once.
         ids.sort_unstable();
@@ -402,6 +404,57 @@ impl Index {
             dbs.external.put(wtxn, &codec::external_key(external), &codec::id_key(id)).map_err(err)?;
         }
         Ok(levels)
+    }
+
+    /// Appends `values` (consecutive fixed-size values of ids `first_new..`)
+    /// to `db`, stored `per_block` to a value keyed by block number: the
+    /// newest block may be partial, so it is read and completed first; the
+    /// rest are appended.
+    fn write_blocks(
+        &self,
+        wtxn: &mut RwTxn<'_>,
+        db: store::Db,
+        per_block: u32,
+        value_bytes: usize,
+        first_new: u32,
+        values: &[u8],
+    ) -> Result<(), Attempt> {
+        let store = &self.store;
+        let err = |e| attempt(store, e);
+        let full = per_block as usize * value_bytes;
+        let mut block_no = first_new / per_block;
+        let mut block: Vec<u8> = Vec::with_capacity(full);
+        let held = (first_new % per_block) as usize;
+        if held > 0 {
+            match db.get(wtxn, &codec::id_key(block_no)).map_err(err)? {
+                Some(old) if old.len() == held * value_bytes => block.extend_from_slice(old),
+                found => {
+                    let detail = format!(
+                        "block {block_no} has {} bytes, expected {}",
+                        found.map_or(0, <[u8]>::len),
+                        held * value_bytes
+                    );
+                    return Err(Attempt::Failed(Error::Corrupt { path: store.path.clone(), detail }));
+                }
+            }
+        }
+        let mut replace = held > 0;
+        let mut rest = values;
+        while !rest.is_empty() {
+            let take = (full - block.len()).min(rest.len());
+            block.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if block.len() == full || rest.is_empty() {
+                let key = codec::id_key(block_no);
+                // Block numbers only grow: a new block is the largest key.
+                if replace { db.put(wtxn, &key, &block) } else { db.put_with_flags(wtxn, PutFlags::APPEND, &key, &block) }
+                    .map_err(err)?;
+                block.clear();
+                block_no += 1;
+                replace = false;
+            }
+        }
+        Ok(())
     }
 
     /// Repairs around retired nodes and links the new ones, in parallel on
@@ -766,6 +819,60 @@ mod tests {
     use super::*;
     use crate::batch::{Op, Point};
 
+    /// Codes live in blocks, and the newest one is rewritten by every
+    /// batch until it is full: batches of a few points each must leave
+    /// every point findable as its own nearest neighbour, across block
+    /// boundaries and a reopen.
+    #[test]
+    fn partial_code_blocks_grow_across_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = IndexOptions { build_threads: 2, durable: false, ..IndexOptions::default() };
+        let params = IndexParams::new(384, crate::Metric::Euclidean);
+        let block = codec::codes_block_nodes(crate::quant::code_bytes(384)) as u64;
+        let vector = |id: u64| -> Vec<f32> { (0..384).map(|j| ((id * 7 + j) % 23) as f32 - 11.0 + id as f32 * 0.01).collect() };
+        let index = Index::open_or_create(dir.path(), params, opts.clone()).unwrap();
+        let total = 3 * block + 5;
+        let mut id = 0;
+        while id < total {
+            let n = (id % 7 + 1).min(total - id);
+            index.apply(Batch::upserts((id..id + n).map(|i| (i, vector(i))))).unwrap();
+            id += n;
+        }
+        drop(index);
+        let index = Index::open(dir.path(), opts).unwrap();
+        for i in 0..total {
+            let hits = index.search(&vector(i), SearchParams::new(1, 64)).unwrap();
+            assert_eq!(hits[0].id, i, "point {i} (block {})", i / block);
+        }
+    }
+
+    /// A code block shorter than its ids need (a damaged file) is reported
+    /// as corruption, never read past its end.
+    #[test]
+    fn a_truncated_code_block_is_reported_as_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = IndexOptions { build_threads: 1, durable: false, ..IndexOptions::default() };
+        let index = Index::open_or_create(dir.path(), IndexParams::new(384, crate::Metric::Cosine), opts.clone()).unwrap();
+        let block = codec::codes_block_nodes(crate::quant::code_bytes(384)) as u64;
+        let points = (0..block + 4).map(|i| (i, (0..384).map(|j| ((i + 1) * (j + 3) % 17) as f32 - 8.0).collect()));
+        index.apply(Batch::upserts(points)).unwrap();
+        drop(index);
+        let index = Index::open(dir.path(), opts).unwrap();
+        {
+            let mut wtxn = index.store.env.write_txn().unwrap();
+            let cb = crate::quant::code_bytes(384);
+            let key = codec::id_key(1);
+            let short = index.store.dbs.codes.get(&wtxn, &key).unwrap().unwrap()[..2 * cb].to_vec();
+            index.store.dbs.codes.put(&mut wtxn, &key, &short).unwrap();
+            wtxn.commit().unwrap();
+        }
+        let q: Vec<f32> = (0..384).map(|j| (j % 5) as f32 - 2.0).collect();
+        match index.search(&q, SearchParams::new(10, 200)) {
+            Err(Error::Corrupt { detail, .. }) => assert!(detail.contains("code block 1"), "{detail}"),
+            other => panic!("expected a corruption error, got {other:?}"),
+        }
+    }
+
     /// The shared vector addresses must stay valid across commits: after
     /// each one, every remembered address must be exactly where a fresh
     /// B-tree lookup finds the vector, holding the same bytes.
@@ -776,7 +883,7 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(seed);
         let dir = tempfile::tempdir().unwrap();
         let opts = IndexOptions { build_threads: 2, durable: false, ..IndexOptions::default() };
-        for dim in [3u32, 96, 700] {
+        for dim in [3u32, 96, 384, 700] {
             let index = Index::open_or_create(dir.path().join(dim.to_string()), IndexParams::new(dim, crate::Metric::Euclidean), opts.clone()).unwrap();
             let mut next_external = 0u64;
             for round in 0..12 {
@@ -801,6 +908,8 @@ mod tests {
                 let txn = index.store.env.read_txn().unwrap();
                 let state = session::read_state(&index.store, &txn).unwrap();
                 let mut checked = 0;
+                // The codes table is keyed by block, the vectors one by id,
+                // each like its database.
                 for (table, db) in [(&shared.codes, index.store.dbs.codes), (&shared.vectors, index.store.dbs.vectors)] {
                     for id in 0..state.next_id {
                         let addr = table.get(id);

@@ -21,7 +21,8 @@ use crate::store::Store;
 
 /// Memoised pointers into one transaction's pages.
 pub(crate) struct NodeCache {
-    codes: DenseTable<RawPtr>,
+    /// Keyed by block (see `codec::codes_block_nodes`).
+    codes: DenseTable<BlockPtr>,
     vectors: DenseTable<RawPtr>,
     /// Keyed by block (see `codec::links0_block_nodes`).
     links0: DenseTable<RawPtr>,
@@ -57,6 +58,14 @@ impl NodeCache {
     }
 }
 
+/// Where a block of values starts, and how many values it held when read
+/// (the newest block is partial).
+#[derive(Clone, Copy, Default)]
+struct BlockPtr {
+    start: RawPtr,
+    len: u32,
+}
+
 /// The graph as one transaction sees it.
 pub(crate) trait Graph<'g> {
     /// The code (compact form) of `id`'s vector: what distances in the
@@ -73,19 +82,23 @@ pub(crate) trait Graph<'g> {
 
 /// Addresses of codes and vectors that stay valid across transactions.
 ///
-/// Codes and vectors are never rewritten and only ever appended under
-/// growing ids, so every leaf page of their databases except the rightmost
-/// one is never copied-on-write, never freed and never moves while the map
-/// stays where it is. Addresses of ids well below the newest committed one
-/// can therefore be remembered for the life of the map and shared by all
-/// threads; the index clears the tables before it remaps (`Env::resize`).
+/// Vectors are never rewritten and only ever appended under growing ids,
+/// so every leaf page of their database except the rightmost one is never
+/// copied-on-write, never freed and never moves while the map stays where
+/// it is. Codes are appended in blocks (`codec::codes_block_nodes`), each
+/// one value in its own overflow pages; only the newest, partial block is
+/// ever rewritten, so a full block's pages never move either. Addresses of
+/// ids well below the newest committed one can therefore be remembered for
+/// the life of the map and shared by all threads; the index clears the
+/// tables before it remaps (`Env::resize`).
 #[derive(Clone, Copy)]
 pub(crate) struct Frozen<'a> {
     pub(crate) shared: &'a SharedAddrs,
-    /// Ids below these are on full, never-again-written leaf pages. A write
-    /// transaction dirties only the rightmost leaf (APPEND) and the pages of
-    /// its own new entries, all at or above these bounds, so even a nested
-    /// reader of an uncommitted transaction sees these ids in the map.
+    /// Ids below these are on full, never-again-written leaf pages (or in
+    /// full code blocks). A write transaction dirties only the rightmost
+    /// leaf (APPEND), the newest code block and the pages of its own new
+    /// entries, all at or above these bounds, so even a nested reader of an
+    /// uncommitted transaction sees these ids in the map.
     codes_below: u32,
     vectors_below: u32,
 }
@@ -109,6 +122,7 @@ pub(crate) struct TxnView<'t> {
     frozen: Option<Frozen<'t>>,
     dim: usize,
     code_bytes: usize,
+    codes_block: u32,
     vector_bytes: usize,
     links0_bytes: usize,
     links0_block: u32,
@@ -135,6 +149,7 @@ impl<'t> TxnView<'t> {
             frozen,
             dim: params.dim as usize,
             code_bytes: quant::code_bytes(params.dim as usize),
+            codes_block: codec::codes_block_nodes(quant::code_bytes(params.dim as usize)) as u32,
             vector_bytes: params.vector_bytes(),
             links0_bytes: codec::links_bytes(m0),
             links0_block: codec::links0_block_nodes(m0) as u32,
@@ -174,23 +189,59 @@ impl<'t> TxnView<'t> {
         NodeRecord::decode(bytes).ok_or_else(|| self.corrupt(format!("record of node {id} is malformed")))
     }
 
+    /// The address of `id`'s code: its block's plus its slot. A walk
+    /// resolves ~15 codes per node it expands before it can prefetch them,
+    /// so the table it looks addresses up in must stay in the CPU caches:
+    /// one entry per block of 31 codes is 26 KB at 100k points, where one
+    /// per code (800 KB) missed the L2 cache on every lookup and made that
+    /// step twice as slow at 100k as at 10k (see `docs/engine.md`).
+    ///
+    /// A block is frozen once every id in it is older than the lag (see
+    /// `Index::open`): it is then full and never rewritten, so the shared
+    /// table keeps only its address. Newer blocks, the newest of which is
+    /// partial, are memoised per transaction with their length.
     fn code_ptr(&mut self, id: u32) -> Result<*const u8> {
+        let (block, slot) = (id / self.codes_block, id % self.codes_block);
+        let offset = slot as usize * self.code_bytes;
         let frozen = self.frozen.filter(|f| id < f.codes_below);
         if let Some(f) = frozen {
-            let addr = f.shared.codes.get(id);
+            let addr = f.shared.codes.get(block);
             if addr != 0 {
-                return Ok(addr as *const u8);
+                return Ok((addr + offset) as *const u8);
             }
         }
-        // Recent ids, and frozen ones the shared table had no room for.
-        if let Some(p) = self.cache.codes.get(id).get() {
-            return Ok(p);
+        let cached = self.cache.codes.get(block);
+        if let Some(p) = cached.start.get()
+            && slot < cached.len
+        {
+            // SAFETY: the slot is inside the block (its length was checked
+            // when it was read through this transaction).
+            return Ok(unsafe { p.add(offset) });
         }
-        let p = self.fetch(self.store.dbs.codes, &codec::id_key(id), self.code_bytes, "code", id)?;
-        if !frozen.is_some_and(|f| f.shared.codes.set(id, p as usize)) {
-            *self.cache.codes.slot(id) = RawPtr::new(p);
+        let (p, len) = self.fetch_block(self.store.dbs.codes, block, slot, id)?;
+        let full = len == self.codes_block;
+        if !(full && frozen.is_some_and(|f| f.shared.codes.set(block, p as usize))) {
+            *self.cache.codes.slot(block) = BlockPtr { start: RawPtr::new(p), len };
         }
-        Ok(p)
+        // SAFETY: fetch_block checked that the slot is inside the block.
+        Ok(unsafe { p.add(offset) })
+    }
+
+    /// The start of code block `block` and the codes it holds, checking
+    /// that it holds `slot` and no more than a block's worth.
+    fn fetch_block(&self, db: crate::store::Db, block: u32, slot: u32, id: u32) -> Result<(*const u8, u32)> {
+        let bytes = self.code_bytes;
+        match db.get(self.txn, &codec::id_key(block)).map_err(|e| self.store.err(e))? {
+            Some(b)
+                if b.len() % bytes == 0
+                    && b.len() / bytes > slot as usize
+                    && b.len() / bytes <= self.codes_block as usize =>
+            {
+                Ok((b.as_ptr(), (b.len() / bytes) as u32))
+            }
+            Some(b) => Err(self.corrupt(format!("code block {block} (of node {id}) has {} bytes", b.len()))),
+            None => Err(self.corrupt(format!("code block {block} (of node {id}) is missing"))),
+        }
     }
 
     fn vector_ptr(&mut self, id: u32) -> Result<*const f32> {
