@@ -9,7 +9,7 @@ use heed::{PutFlags, RwTxn};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::batch::{Batch, BatchOutcome};
-use crate::build::{BuildCtx, Overlay, WorkQueue};
+use crate::build::{BuildCtx, LinkBlocks, Overlay, WorkQueue};
 use crate::cache::SharedAddrs;
 use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, State};
 use crate::error::{Error, InvalidInput, Result};
@@ -490,10 +490,12 @@ impl Index {
             }
         }
         let overlay = Overlay::new(first_new, levels);
+        let link_blocks = LinkBlocks::new(first_new, codec::links0_block_nodes(self.params.max_links(0)) as u32);
         let ctx = BuildCtx {
             store: &self.store,
             params: &self.params,
             overlay: &overlay,
+            link_blocks: &link_blocks,
             has_tombstones: state.tombstones > 0 || !plan.tombstones.is_empty(),
             live,
             cache_budget: self.opts.cache_budget_bytes,

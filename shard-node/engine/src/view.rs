@@ -279,6 +279,43 @@ impl<'t> TxnView<'t> {
         Ok(p)
     }
 
+    /// Bottom-layer lists are stored in blocks (`codec::links0_block_nodes`):
+    /// the start of the block that holds `id`'s list, memoised per
+    /// transaction.
+    #[inline]
+    pub(crate) fn links0_block_ptr(&mut self, id: u32) -> Result<*const u8> {
+        let block = id / self.links0_block;
+        if let Some(p) = self.cache.links0.get(block).get() {
+            return Ok(p);
+        }
+        let block_len = self.links0_bytes * self.links0_block as usize;
+        let p = self.fetch(self.store.dbs.links0, &codec::id_key(block), block_len, "link block", id)?;
+        *self.cache.links0.slot(block) = RawPtr::new(p);
+        Ok(p)
+    }
+
+    /// `id`'s bottom-layer list, from its block starting at `block` (a
+    /// pointer from [`TxnView::links0_block_ptr`] of this transaction).
+    #[inline]
+    pub(crate) fn links0_in(&self, block: *const u8, id: u32, out: &mut Vec<u32>) -> Result<()> {
+        let len = self.links0_bytes;
+        let slot = (id % self.links0_block) as usize * len;
+        // SAFETY: `block` starts a whole block of `links0_block` lists in a
+        // page of the live transaction (checked by `fetch`), and `slot + len`
+        // is inside it.
+        let bytes = unsafe { std::slice::from_raw_parts(block.add(slot), len) };
+        if codec::decode_links(bytes, out) {
+            Ok(())
+        } else {
+            Err(self.corrupt(format!("link list of node {id} on level 0 is malformed")))
+        }
+    }
+
+    /// Bytes of one bottom-layer list, and lists per block.
+    pub(crate) fn links0_layout(&self) -> (usize, u32) {
+        (self.links0_bytes, self.links0_block)
+    }
+
     /// The exact stored (prepared) vector of `id`.
     #[inline]
     pub(crate) fn vector(&mut self, id: u32) -> Result<&'t [f32]> {
@@ -305,18 +342,8 @@ impl<'t> Graph<'t> for TxnView<'t> {
     #[inline]
     fn links(&mut self, id: u32, level: u8, out: &mut Vec<u32>) -> Result<()> {
         let (ptr, len) = if level == 0 {
-            let len = self.links0_bytes;
-            let block = id / self.links0_block;
-            let slot = (id % self.links0_block) as usize * len;
-            match self.cache.links0.get(block).get() {
-                Some(p) => (p.wrapping_add(slot), len),
-                None => {
-                    let block_len = len * self.links0_block as usize;
-                    let p = self.fetch(self.store.dbs.links0, &codec::id_key(block), block_len, "link block", id)?;
-                    *self.cache.links0.slot(block) = RawPtr::new(p);
-                    (p.wrapping_add(slot), len)
-                }
-            }
+            let block = self.links0_block_ptr(id)?;
+            return self.links0_in(block, id, out);
         } else {
             let len = self.links_up_bytes;
             match self.cache.upper.get(&(level, id)).and_then(|p| p.get()) {
