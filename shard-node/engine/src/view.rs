@@ -341,19 +341,18 @@ impl<'t> Graph<'t> for TxnView<'t> {
 
     #[inline]
     fn links(&mut self, id: u32, level: u8, out: &mut Vec<u32>) -> Result<()> {
-        let (ptr, len) = if level == 0 {
+        if level == 0 {
             let block = self.links0_block_ptr(id)?;
             return self.links0_in(block, id, out);
-        } else {
-            let len = self.links_up_bytes;
-            match self.cache.upper.get(&(level, id)).and_then(|p| p.get()) {
-                Some(p) => (p, len),
-                None => {
-                    let key = codec::upper_key(level, id);
-                    let p = self.fetch(self.store.dbs.links_up, &key, len, "upper link list", id)?;
-                    self.cache.upper.insert((level, id), RawPtr::new(p));
-                    (p, len)
-                }
+        }
+        let len = self.links_up_bytes;
+        let ptr = match self.cache.upper.get(&(level, id)).and_then(|p| p.get()) {
+            Some(p) => p,
+            None => {
+                let key = codec::upper_key(level, id);
+                let p = self.fetch(self.store.dbs.links_up, &key, len, "upper link list", id)?;
+                self.cache.upper.insert((level, id), RawPtr::new(p));
+                p
             }
         };
         // SAFETY: as in `vector`: `len` bytes in a page of the live transaction.
