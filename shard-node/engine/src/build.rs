@@ -204,13 +204,11 @@ impl<'t> Graph<'t> for BuildView<'t> {
     #[inline]
     fn prefetch_links(&mut self, id: u32, level: u8) {
         // Lists the batch changed live in the overlay; the rest in the map.
-        if level == 0 && !self.overlay.is_new(id) {
-            let (len, per_block) = self.base.links0_layout();
-            let block = self.link_blocks.known(id);
-            if block != 0 {
-                let slot = (id % per_block) as usize * len;
-                crate::hnsw::prefetch((block as *const u8).wrapping_add(slot), len);
-            }
+        if level == 0
+            && !self.overlay.is_new(id)
+            && let Some(block) = self.link_blocks.known(id)
+        {
+            self.base.prefetch_links0_in(block, id);
         }
     }
 }
@@ -232,10 +230,11 @@ pub(crate) struct LinkBlocks {
 }
 
 impl LinkBlocks {
-    /// A table for the blocks of ids below `first_new`.
+    /// A table for the blocks of ids below `first_new`, `per_block` lists
+    /// to a block (`codec::links0_block_nodes`, at least 1).
     pub(crate) fn new(first_new: u32, per_block: u32) -> Self {
-        let n = first_new.div_ceil(per_block.max(1)) as usize;
-        LinkBlocks { per_block: per_block.max(1), blocks: (0..n).map(|_| AtomicUsize::new(0)).collect() }
+        let n = first_new.div_ceil(per_block) as usize;
+        LinkBlocks { per_block, blocks: (0..n).map(|_| AtomicUsize::new(0)).collect() }
     }
 
     /// The start of the block holding `id`'s list, through `view` the
@@ -254,11 +253,12 @@ impl LinkBlocks {
         Ok(p)
     }
 
-    /// The start of the block holding `id`'s list if a thread looked it
-    /// up already, else 0.
+    /// The start of the block holding `id`'s list, if a thread looked it
+    /// up already.
     #[inline]
-    fn known(&self, id: u32) -> usize {
-        self.blocks.get((id / self.per_block) as usize).map_or(0, |s| s.load(Ordering::Relaxed))
+    fn known(&self, id: u32) -> Option<*const u8> {
+        let addr = self.blocks.get((id / self.per_block) as usize)?.load(Ordering::Relaxed);
+        (addr != 0).then_some(addr as *const u8)
     }
 }
 

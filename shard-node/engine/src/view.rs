@@ -218,7 +218,7 @@ impl<'t> TxnView<'t> {
             // when it was read through this transaction).
             return Ok(unsafe { p.add(offset) });
         }
-        let (p, len) = self.fetch_block(self.store.dbs.codes, block, slot, id)?;
+        let (p, len) = self.fetch_block(block, slot, id)?;
         let full = len == self.codes_block;
         if !(full && frozen.is_some_and(|f| f.shared.codes.set(block, p as usize))) {
             *self.cache.codes.slot(block) = BlockPtr { start: RawPtr::new(p), len };
@@ -229,9 +229,9 @@ impl<'t> TxnView<'t> {
 
     /// The start of code block `block` and the codes it holds, checking
     /// that it holds `slot` and no more than a block's worth.
-    fn fetch_block(&self, db: crate::store::Db, block: u32, slot: u32, id: u32) -> Result<(*const u8, u32)> {
+    fn fetch_block(&self, block: u32, slot: u32, id: u32) -> Result<(*const u8, u32)> {
         let bytes = self.code_bytes;
-        match db.get(self.txn, &codec::id_key(block)).map_err(|e| self.store.err(e))? {
+        match self.store.dbs.codes.get(self.txn, &codec::id_key(block)).map_err(|e| self.store.err(e))? {
             Some(b)
                 if b.len() % bytes == 0
                     && b.len() / bytes > slot as usize
@@ -294,16 +294,24 @@ impl<'t> TxnView<'t> {
         Ok(p)
     }
 
+    /// Where `id`'s bottom-layer list lies in its block starting at `block`
+    /// (a pointer from [`TxnView::links0_block_ptr`] of this transaction),
+    /// and its length in bytes.
+    #[inline]
+    fn links0_list(&self, block: *const u8, id: u32) -> (*const u8, usize) {
+        let len = self.links0_bytes;
+        (block.wrapping_add((id % self.links0_block) as usize * len), len)
+    }
+
     /// `id`'s bottom-layer list, from its block starting at `block` (a
     /// pointer from [`TxnView::links0_block_ptr`] of this transaction).
     #[inline]
     pub(crate) fn links0_in(&self, block: *const u8, id: u32, out: &mut Vec<u32>) -> Result<()> {
-        let len = self.links0_bytes;
-        let slot = (id % self.links0_block) as usize * len;
+        let (p, len) = self.links0_list(block, id);
         // SAFETY: `block` starts a whole block of `links0_block` lists in a
-        // page of the live transaction (checked by `fetch`), and `slot + len`
-        // is inside it.
-        let bytes = unsafe { std::slice::from_raw_parts(block.add(slot), len) };
+        // page of the live transaction (checked by `fetch`), and the list
+        // is one of them.
+        let bytes = unsafe { std::slice::from_raw_parts(p, len) };
         if codec::decode_links(bytes, out) {
             Ok(())
         } else {
@@ -311,9 +319,11 @@ impl<'t> TxnView<'t> {
         }
     }
 
-    /// Bytes of one bottom-layer list, and lists per block.
-    pub(crate) fn links0_layout(&self) -> (usize, u32) {
-        (self.links0_bytes, self.links0_block)
+    /// Starts loading `id`'s bottom-layer list from its block at `block`.
+    #[inline]
+    pub(crate) fn prefetch_links0_in(&self, block: *const u8, id: u32) {
+        let (p, len) = self.links0_list(block, id);
+        crate::hnsw::prefetch(p, len);
     }
 
     /// The exact stored (prepared) vector of `id`.
@@ -372,10 +382,9 @@ impl<'t> Graph<'t> for TxnView<'t> {
     #[inline]
     fn prefetch_links(&mut self, id: u32, level: u8) {
         if level == 0
-            && let Some(p) = self.cache.links0.get(id / self.links0_block).get()
+            && let Some(block) = self.cache.links0.get(id / self.links0_block).get()
         {
-            let slot = (id % self.links0_block) as usize * self.links0_bytes;
-            crate::hnsw::prefetch(p.wrapping_add(slot), self.links0_bytes);
+            self.prefetch_links0_in(block, id);
         }
     }
 }
