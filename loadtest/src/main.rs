@@ -48,8 +48,10 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     // RUST_LOG=shoal_snapshot=debug (for example) shows where a run spends
-    // its time; quiet by default so the tables stay readable.
+    // its time (each span's busy and idle time when it closes); quiet by
+    // default so the tables stay readable.
     tracing_subscriber::fmt()
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
