@@ -208,7 +208,7 @@ impl Index {
         let lag = |bytes| codec::values_per_leaf(bytes, page) as u32 + 1;
         // Code blocks live in overflow pages that move only while the block
         // is the newest, partial one.
-        let codes_lag = codec::codes_block_nodes(crate::quant::code_bytes(params.dim as usize)) as u32 + 1;
+        let codes_lag = params.codes_per_block() + 1;
         let shared = SharedAddrs::new(opts.shared_cache_bytes, codes_lag, lag(params.vector_bytes()));
         Ok(Index {
             store,
@@ -373,7 +373,7 @@ impl Index {
             dbs.external.delete(wtxn, &codec::external_key(external)).map_err(err)?;
         }
         let scale = self.params.level_scale();
-        let mut code = Vec::with_capacity(crate::quant::code_bytes(self.params.dim as usize));
+        let mut code = Vec::with_capacity(self.params.code_bytes());
         let mut levels = Vec::with_capacity(plan.inserts.len());
         let mut ids: Vec<(u64, u32)> = Vec::with_capacity(plan.inserts.len());
         let mut codes = Vec::with_capacity(plan.inserts.len() * code.capacity());
@@ -395,8 +395,7 @@ impl Index {
             }
             ids.push((p.external, id));
         }
-        let code_bytes = crate::quant::code_bytes(self.params.dim as usize);
-        self.write_blocks(wtxn, dbs.codes, codec::codes_block_nodes(code_bytes) as u32, code_bytes, first_new, &codes)?;
+        self.write_blocks(wtxn, dbs.codes, self.params.codes_per_block(), self.params.code_bytes(), first_new, &codes)?;
         // External ids are the user's and may be random: writing them in key
         // order at least keeps each touched page touched once.
         ids.sort_unstable();

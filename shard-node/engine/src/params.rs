@@ -70,6 +70,16 @@ impl IndexParams {
         self.dim as usize * 4
     }
 
+    /// Bytes of one code (`quant`).
+    pub(crate) fn code_bytes(&self) -> usize {
+        crate::quant::code_bytes(self.dim as usize)
+    }
+
+    /// Codes per stored block (`codec::codes_block_nodes`).
+    pub(crate) fn codes_per_block(&self) -> u32 {
+        crate::codec::codes_block_nodes(self.code_bytes()) as u32
+    }
+
     /// Capacity of a node's link list on `level`.
     pub(crate) fn max_links(&self, level: u8) -> usize {
         if level == 0 { self.m0 as usize } else { self.m as usize }

@@ -16,7 +16,7 @@ use crate::cache::{DenseTable, RawPtr, SharedAddrs};
 use crate::codec::{self, NodeRecord};
 use crate::error::{Error, Result};
 use crate::params::IndexParams;
-use crate::quant::{self, Code};
+use crate::quant::Code;
 use crate::store::Store;
 
 /// Memoised pointers into one transaction's pages.
@@ -148,8 +148,8 @@ impl<'t> TxnView<'t> {
             cache,
             frozen,
             dim: params.dim as usize,
-            code_bytes: quant::code_bytes(params.dim as usize),
-            codes_block: codec::codes_block_nodes(quant::code_bytes(params.dim as usize)) as u32,
+            code_bytes: params.code_bytes(),
+            codes_block: params.codes_per_block(),
             vector_bytes: params.vector_bytes(),
             links0_bytes: codec::links_bytes(m0),
             links0_block: codec::links0_block_nodes(m0) as u32,
@@ -311,11 +311,23 @@ impl<'t> TxnView<'t> {
         // SAFETY: `block` starts a whole block of `links0_block` lists in a
         // page of the live transaction (checked by `fetch`), and the list
         // is one of them.
+        unsafe { self.decode_list(p, len, id, 0, out) }
+    }
+
+    /// Decodes the link list of `id` on `level` stored in the `len` bytes
+    /// at `p` into `out`.
+    ///
+    /// # Safety
+    /// `p` must point at `len` readable bytes in a page of the live
+    /// transaction.
+    #[inline]
+    unsafe fn decode_list(&self, p: *const u8, len: usize, id: u32, level: u8, out: &mut Vec<u32>) -> Result<()> {
+        // SAFETY: the caller's contract.
         let bytes = unsafe { std::slice::from_raw_parts(p, len) };
         if codec::decode_links(bytes, out) {
             Ok(())
         } else {
-            Err(self.corrupt(format!("link list of node {id} on level 0 is malformed")))
+            Err(self.corrupt(format!("link list of node {id} on level {level} is malformed")))
         }
     }
 
@@ -365,13 +377,9 @@ impl<'t> Graph<'t> for TxnView<'t> {
                 p
             }
         };
-        // SAFETY: as in `vector`: `len` bytes in a page of the live transaction.
-        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
-        if codec::decode_links(bytes, out) {
-            Ok(())
-        } else {
-            Err(self.corrupt(format!("link list of node {id} on level {level} is malformed")))
-        }
+        // SAFETY: `fetch` checked `len` bytes at `ptr`, in a page of the
+        // live transaction.
+        unsafe { self.decode_list(ptr, len, id, level, out) }
     }
 
     #[inline]
