@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
-use shoal_engine::{Batch, Index, IndexOptions, IndexParams, Metric, Rescore, SearchParams};
+use shoal_engine::{Batch, Index, IndexOptions, IndexParams, LinkLog, Metric, Rescore, SearchParams};
 
 use crate::fvecs::VecFile;
 use crate::groundtruth;
@@ -79,6 +79,28 @@ pub(crate) struct Args {
     /// the best max(k × N, 20) (the engine's default is `k2`).
     #[arg(long, default_value = "k2", value_parser = parse_rescore)]
     rescore: Rescore,
+    /// Where batches write the changed bottom lists of existing nodes:
+    /// `auto` (the engine's default), `always` (to the link log), `off`
+    /// (patched into their blocks every batch).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "always", "off"])]
+    link_log: String,
+    /// Lists the link log holds before a batch folds it (the engine's
+    /// default unless given).
+    #[arg(long)]
+    log_fold_lists: Option<usize>,
+}
+
+/// The engine's link log setting from `--link-log` and `--log-fold-lists`.
+fn link_log(a: &Args) -> LinkLog {
+    let fold_lists = a.log_fold_lists.unwrap_or(match LinkLog::default() {
+        LinkLog::Auto { fold_lists } | LinkLog::Always { fold_lists } => fold_lists,
+        LinkLog::Off => 0,
+    });
+    match a.link_log.as_str() {
+        "off" => LinkLog::Off,
+        "always" => LinkLog::Always { fold_lists },
+        _ => LinkLog::Auto { fold_lists },
+    }
 }
 
 fn parse_rescore(s: &str) -> Result<Rescore, String> {
@@ -120,7 +142,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         }
     };
     let params = IndexParams::new(base.dim() as u32, a.metric).with_m(a.m).with_ef_construction(a.ef_construction);
-    let opts = IndexOptions { build_threads: a.threads, rescore: a.rescore, ..IndexOptions::default() };
+    let opts = IndexOptions { build_threads: a.threads, rescore: a.rescore, link_log: link_log(&a), ..IndexOptions::default() };
     let root = match &a.dir {
         Some(d) => {
             std::fs::create_dir_all(d)?;
@@ -194,25 +216,34 @@ pub(crate) fn run(a: Args) -> Result<()> {
             let sampler = PeakSampler::start();
             let before = sampler.start;
             let mut samples = Vec::new();
+            // Lists in the link log after each batch: a drop marks a fold.
+            let mut log_lists = vec![idx.stats()?.link_log_lists];
             for r in 0..a.incremental_repeats.max(1) {
                 let from = size + r * added;
                 let batch = read_batch(&base, from, from + added)?;
                 let t = Instant::now();
                 idx.apply(batch)?;
                 samples.push(t.elapsed().as_secs_f64() * 1000.0 / added as f64);
+                log_lists.push(idx.stats()?.link_log_lists);
             }
             let peak = sampler.finish();
             let mut sorted = samples.clone();
             sorted.sort_by(f64::total_cmp);
             let ms = sorted[sorted.len() / 2];
+            let mean = samples.iter().sum::<f64>() / samples.len() as f64;
             eprintln!(
                 "{added} into {size}: {ms:.4} ms/vector, peak RssAnon {} MiB ({} MiB before the batch){}",
                 peak >> 20,
                 before >> 20,
-                if samples.len() > 1 { format!(", median of {samples:.4?}") } else { String::new() }
+                if samples.len() > 1 {
+                    format!(", median of {samples:.4?} (mean {mean:.4}); link log lists {log_lists:?}")
+                } else {
+                    String::new()
+                }
             );
             let samples: Vec<f64> = samples.iter().map(|&s| round(s, 4)).collect();
             incremental.push(json!({"base": size, "added": added, "ms_per_vector": round(ms, 4), "samples": samples,
+                                    "mean_ms_per_vector": round(mean, 4), "link_log_lists": log_lists,
                                     "peak_rss_anon_bytes": peak, "rss_anon_before_bytes": before}));
             drop(idx);
             std::fs::remove_dir_all(&d).ok();
@@ -223,7 +254,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
     let out = json!({
         "lib": "shoal",
         "params": {"m": a.m, "ef_construction": a.ef_construction, "threads": a.threads, "metric": a.metric.name(),
-                   "batch_size": a.batch_size, "rescore": format!("{:?}", a.rescore)},
+                   "batch_size": a.batch_size, "rescore": format!("{:?}", a.rescore),
+                   "link_log": format!("{:?}", link_log(&a))},
         "build": {"vectors": n, "seconds": round(secs, 3), "vectors_per_s": round(n as f64 / secs, 1),
                   "disk_bytes": stats.disk_bytes, "raw_bytes": raw, "peak_rss_anon_bytes": build_peak,
                   "batches": batch_peaks, "max_level": stats.max_level, "unaligned_vectors": unaligned},

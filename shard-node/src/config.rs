@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use shoal_engine::IndexOptions;
+use shoal_engine::{IndexOptions, LinkLog};
 
 use crate::writer::WriterOptions;
 
@@ -52,6 +52,10 @@ pub struct EngineConfig {
     pub read_ahead: bool,
     /// Largest payload per point, in bytes.
     pub max_payload_bytes: usize,
+    /// Bottom-layer lists the link log holds before a batch folds it into
+    /// the link blocks; 0 patches every batch's lists in place (see
+    /// `shoal_engine::LinkLog` and docs/engine.md).
+    pub link_log_fold_lists: usize,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +67,10 @@ impl Default for EngineConfig {
             durable: d.durable,
             read_ahead: d.read_ahead,
             max_payload_bytes: d.max_payload_bytes,
+            link_log_fold_lists: match d.link_log {
+                LinkLog::Auto { fold_lists } | LinkLog::Always { fold_lists } => fold_lists,
+                LinkLog::Off => 0,
+            },
         }
     }
 }
@@ -77,6 +85,10 @@ impl EngineConfig {
         o.durable = self.durable;
         o.read_ahead = self.read_ahead;
         o.max_payload_bytes = self.max_payload_bytes;
+        o.link_log = match self.link_log_fold_lists {
+            0 => LinkLog::Off,
+            fold_lists => LinkLog::Auto { fold_lists },
+        };
         o
     }
 }

@@ -18,6 +18,7 @@ use parking_lot::{Mutex, MutexGuard, RawMutex, lock_api::ArcMutexGuard};
 use rustc_hash::FxBuildHasher;
 
 use crate::error::{Error, Result};
+use crate::links_log::LogIndex;
 use crate::hnsw::{Scored, Scratch, greedy_closest, prefetch_codes, search_layer, select_neighbours};
 use crate::params::IndexParams;
 use crate::store::Store;
@@ -187,8 +188,8 @@ impl<'t> Graph<'t> for BuildView<'t> {
             }
         }
         if level == 0 {
-            let block = self.link_blocks.get(&mut self.base, id)?;
-            return self.base.links0_in(block, id, out);
+            let link_blocks = self.link_blocks;
+            return self.base.links0(id, out, |v| link_blocks.get(v, id));
         }
         self.base.links(id, level, out)
     }
@@ -206,6 +207,7 @@ impl<'t> Graph<'t> for BuildView<'t> {
         // Lists the batch changed live in the overlay; the rest in the map.
         if level == 0
             && !self.overlay.is_new(id)
+            && !self.base.prefetch_logged(id)
             && let Some(block) = self.link_blocks.known(id)
         {
             self.base.prefetch_links0_in(block, id);
@@ -276,6 +278,8 @@ pub(crate) struct BuildCtx<'a> {
     pub(crate) cache_budget: usize,
     /// Vector addresses shared across threads and transactions.
     pub(crate) frozen: Frozen<'a>,
+    /// The link log as the write transaction found it.
+    pub(crate) log: &'a LogIndex,
 }
 
 /// One builder thread's reusable buffers.
@@ -328,8 +332,9 @@ impl BuildCtx<'_> {
         let thread_body = |reader: RoTxn<'_, WithoutTls>| {
             let mut cache = NodeCache::new(self.cache_budget);
             // SAFETY: the cache is new, so it holds no pointer of another txn.
-            // `frozen` describes the committed state the write txn started from.
-            let base = unsafe { TxnView::new(&reader, self.store, &mut cache, Some(self.frozen), self.params) };
+            // `frozen` and `log` describe the committed state the write txn
+            // started from.
+            let base = unsafe { TxnView::new(&reader, self.store, &mut cache, Some(self.frozen), self.log, self.params) };
             let mut view = BuildView { base, overlay: self.overlay, link_blocks: self.link_blocks, has_tombstones: self.has_tombstones };
             let mut worker = Worker::new();
             while !failed.load(Ordering::Relaxed) {

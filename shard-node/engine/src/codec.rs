@@ -172,7 +172,9 @@ pub(crate) fn decode_links(bytes: &[u8], out: &mut Vec<u32>) -> bool {
 ///    unmerged `vector-blocks` layout, so that its files are never misread).
 ///
 /// 5: codes in blocks ([`codes_block_nodes`]).
-pub(crate) const FORMAT_VERSION: u32 = 5;
+/// 7: the link log (`links_log`) and its epoch in [`State`] (6 was taken by
+///    the unmerged `aligned-codes` layout).
+pub(crate) const FORMAT_VERSION: u32 = 7;
 
 /// Meta key of the parameters.
 pub(crate) const META_PARAMS: &[u8] = b"params";
@@ -235,10 +237,14 @@ pub(crate) struct State {
     pub(crate) live: u64,
     /// Deleted or replaced nodes still kept in the graph for routing.
     pub(crate) tombstones: u64,
+    /// Bumped by every commit that appends to or folds the link log; the
+    /// key of the value it appended, and what pairs a reader with its
+    /// version of the log's index (`links_log::LogVersions`).
+    pub(crate) log_epoch: u64,
 }
 
 impl State {
-    const SIZE: usize = 4 + 1 + 4 + 1 + 8 + 8;
+    const SIZE: usize = 4 + 1 + 4 + 1 + 8 + 8 + 8;
 
     pub(crate) fn encode(&self) -> [u8; Self::SIZE] {
         let mut b = [0u8; Self::SIZE];
@@ -250,6 +256,7 @@ impl State {
         }
         b[10..18].copy_from_slice(&self.live.to_le_bytes());
         b[18..26].copy_from_slice(&self.tombstones.to_le_bytes());
+        b[26..34].copy_from_slice(&self.log_epoch.to_le_bytes());
         b
     }
 
@@ -268,7 +275,7 @@ impl State {
             1 => Some((u32_at(5), b[9])),
             _ => return None,
         };
-        Some(State { next_id: u32_at(0), entry, live: u64_at(10), tombstones: u64_at(18) })
+        Some(State { next_id: u32_at(0), entry, live: u64_at(10), tombstones: u64_at(18), log_epoch: u64_at(26) })
     }
 }
 
@@ -297,8 +304,8 @@ mod tests {
         }
 
         #[test]
-        fn state_round_trips(next_id: u32, entry: Option<(u32, u8)>, live: u64, tombstones: u64) {
-            let s = State { next_id, entry, live, tombstones };
+        fn state_round_trips(next_id: u32, entry: Option<(u32, u8)>, live: u64, tombstones: u64, log_epoch: u64) {
+            let s = State { next_id, entry, live, tombstones, log_epoch };
             prop_assert_eq!(State::decode(&s.encode()), Some(s));
         }
 

@@ -14,6 +14,7 @@ use crate::cache::SharedAddrs;
 use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, State};
 use crate::error::{Error, InvalidInput, Result};
 use crate::hnsw::level_for;
+use crate::links_log::{self, LogIndex, LogVersions};
 use crate::params::IndexParams;
 use crate::plan::{self, Plan};
 use crate::session::{self, Hit, SearchParams, Session, StoredPoint};
@@ -60,6 +61,45 @@ pub struct IndexOptions {
     /// Which of a search's candidates are re-scored with the exact vectors
     /// (the walk ranks them by their codes). Default `Rescore::TopK(2)`.
     pub rescore: Rescore,
+    /// Where a batch writes the changed bottom-layer lists of existing
+    /// nodes. Default `LinkLog::Auto { fold_lists: 131_072 }`.
+    pub link_log: LinkLog,
+}
+
+/// Where a batch writes the bottom-layer lists of existing nodes that it
+/// changed (new nodes' lists always go to their blocks).
+///
+/// Patching a list into its block makes LMDB copy the block's whole page,
+/// and at 100k points a batch of 1,000 changes lists in 84% of the blocks.
+/// The log appends them instead, and a *fold* later patches everything it
+/// holds into the blocks at once (see `docs/engine.md`). Searches read
+/// through the log either way; none of this changes results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkLog {
+    /// Patch them into their blocks in every commit; a log left by an
+    /// earlier setting is folded by the next batch.
+    Off,
+    /// Append them to the log when that writes fewer bytes than patching
+    /// their blocks would (so a small index, whose few blocks a batch
+    /// rewrites anyway, keeps patching in place); fold once the log would
+    /// hold more than `fold_lists` lists.
+    Auto {
+        /// Lists the log may hold before a batch folds it. Each is
+        /// `4 + 2 + 4·M0` bytes (134 with M=16) of disk, and every reader
+        /// keeps 4 bytes per id for the log's index while it is not empty.
+        fold_lists: usize,
+    },
+    /// Always append, folding past `fold_lists` (for tests and benchmarks).
+    Always {
+        /// As in `Auto`.
+        fold_lists: usize,
+    },
+}
+
+impl Default for LinkLog {
+    fn default() -> Self {
+        LinkLog::Auto { fold_lists: 131_072 }
+    }
 }
 
 /// Which of a search's candidates (found by walking the graph on codes)
@@ -115,6 +155,7 @@ impl Default for IndexOptions {
             shared_cache_bytes: 256 << 20,
             resize_wait: Duration::from_secs(30),
             rescore: Rescore::default(),
+            link_log: LinkLog::default(),
         }
     }
 }
@@ -136,6 +177,9 @@ pub struct IndexStats {
     pub map_size: u64,
     /// Commits since the index was opened.
     pub commits: u64,
+    /// Bottom-layer lists in the link log, waiting for a fold (see
+    /// [`LinkLog`]); a list changed by two batches counts twice.
+    pub link_log_lists: u64,
 }
 
 /// One shard's vector index in its own LMDB environment.
@@ -156,6 +200,11 @@ pub struct Index {
     pub(crate) resize: RwLock<SharedAddrs>,
     sessions: Mutex<Vec<Session>>,
     generation: AtomicU64,
+    /// The link log's index per epoch a reader may pair with.
+    log: LogVersions,
+    /// The environment's page size: the least a log value takes, so that
+    /// it lives in overflow pages no later commit rewrites.
+    page_size: usize,
 }
 
 /// What [`Index::open`] does when the directory holds no index.
@@ -210,6 +259,12 @@ impl Index {
         // is the newest, partial one.
         let codes_lag = params.codes_per_block() + 1;
         let shared = SharedAddrs::new(opts.shared_cache_bytes, codes_lag, lag(params.vector_bytes()));
+        let log = {
+            let txn = store.env.read_txn().map_err(|e| store.err(e))?;
+            let state = session::read_state(&store, &txn)?;
+            let list_bytes = codec::links_bytes(params.max_links(0));
+            LogVersions::new(state.log_epoch, LogIndex::load(&store, &txn, list_bytes, state.next_id)?)
+        };
         Ok(Index {
             store,
             params,
@@ -219,6 +274,8 @@ impl Index {
             resize: RwLock::new(shared),
             sessions: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
+            log,
+            page_size: page,
         })
     }
 
@@ -338,19 +395,36 @@ impl Index {
         })?;
         let levels = tracing::debug_span!("write_points", inserts = plan.inserts.len(), retired = plan.tombstones.len())
             .in_scope(|| self.write_points(&mut wtxn, &plan, state.next_id))?;
-        let entry = self.link(&mut wtxn, &plan, &state, levels, shared, live)?;
+        let log = self.log.get(state.log_epoch).ok_or_else(|| Error::Corrupt {
+            path: store.path.clone(),
+            detail: format!("link log epoch {} has no index (the file changed under the index?)", state.log_epoch),
+        })?;
+        let Linked { entry, log: new_log } = self.link(&mut wtxn, &plan, levels, Base { state: &state, shared, log: &log }, live)?;
         let new_state = State {
             next_id: next as u32,
             entry,
             live,
             tombstones: state.tombstones + plan.tombstones.len() as u64,
+            log_epoch: state.log_epoch + u64::from(new_log.is_some()),
         };
         let put = |w: &mut RwTxn<'_>, db: store::Db, k: &[u8], v: &[u8]| db.put(w, k, v).map_err(|e| attempt(store, e));
         put(&mut wtxn, store.dbs.meta, codec::META_STATE, &new_state.encode())?;
         for &(source, offset) in &plan.offsets {
             put(&mut wtxn, store.dbs.offsets, source.as_bytes(), &offset.to_be_bytes())?;
         }
-        tracing::debug_span!("commit").in_scope(|| wtxn.commit()).map_err(|e| attempt(store, e))?;
+        // Readers that see this commit pair with its log version, so it must
+        // exist before the commit does (`links_log::LogVersions`).
+        if let Some(new_log) = new_log {
+            self.log.stage(new_state.log_epoch, Arc::new(new_log));
+        }
+        let committed = tracing::debug_span!("commit").in_scope(|| wtxn.commit());
+        if let Err(e) = committed {
+            if new_state.log_epoch != state.log_epoch {
+                self.log.unstage(new_state.log_epoch);
+            }
+            return Err(attempt(store, e));
+        }
+        self.log.settle(new_state.log_epoch);
         self.generation.fetch_add(1, Ordering::Release);
         // Idle sessions pin the previous snapshot's pages; let them go.
         self.sessions.lock().clear();
@@ -458,16 +532,8 @@ impl Index {
 
     /// Repairs around retired nodes and links the new ones, in parallel on
     /// nested read transactions; then writes every changed link list.
-    /// Returns the new entry point.
-    fn link(
-        &self,
-        wtxn: &mut RwTxn<'_>,
-        plan: &Plan<'_>,
-        state: &State,
-        levels: Vec<u8>,
-        shared: &SharedAddrs,
-        live: u64,
-    ) -> Result<Option<(u32, u8)>, Attempt> {
+    fn link(&self, wtxn: &mut RwTxn<'_>, plan: &Plan<'_>, levels: Vec<u8>, from: Base<'_>, live: u64) -> Result<Linked, Attempt> {
+        let Base { state, shared, log } = from;
         let first_new = state.next_id;
         let mut entry = state.entry;
         // Nodes whose level is above every level before them become the entry
@@ -499,6 +565,7 @@ impl Index {
             live,
             cache_budget: self.opts.cache_budget_bytes,
             frozen: Frozen::new(shared, first_new),
+            log,
         };
         let pool = self.pool.as_deref();
         if !plan.tombstones.is_empty() {
@@ -537,22 +604,33 @@ impl Index {
         }
         let _span = tracing::debug_span!("write_links", lists = tracing::field::Empty, blocks = tracing::field::Empty).entered();
         let changes = overlay.into_changes();
-        self.write_links(wtxn, changes, first_new)?;
-        Ok(entry)
+        let log = self.write_links(wtxn, changes, first_new, state.log_epoch, log)?;
+        Ok(Linked { entry, log })
     }
 
-    /// Writes every changed link list: upper layers one value per node,
-    /// the bottom layer as whole blocks (read, patched, rewritten).
-    fn write_links(&self, wtxn: &mut RwTxn<'_>, changes: crate::build::LinkChanges, first_new: u32) -> Result<(), Attempt> {
+    /// Writes every changed link list: upper layers one value per node;
+    /// on the bottom layer, new nodes' lists into their blocks and existing
+    /// nodes' lists either into theirs or appended to the link log (see
+    /// [`LinkLog`]). Returns the log's next version if this commit appends
+    /// to it or folds it.
+    fn write_links(
+        &self,
+        wtxn: &mut RwTxn<'_>,
+        changes: crate::build::LinkChanges,
+        first_new: u32,
+        epoch: u64,
+        log: &LogIndex,
+    ) -> Result<Option<LogIndex>, Attempt> {
         let span = tracing::Span::current();
-        let changes_len = changes.touched.len() + changes.new.len();
         let dbs = &self.store.dbs;
         let err = |e| attempt(&self.store, e);
-        let mut bottom: Vec<(u32, &[u32])> = Vec::with_capacity(changes.new.len() + changes.touched.len());
+        let mut old: Vec<(u32, &[u32])> = Vec::with_capacity(changes.touched.len());
+        let mut new: Vec<(u32, &[u32])> = Vec::with_capacity(changes.new.len());
         let mut buf = Vec::new();
+        // `touched` is sorted by (level, id): `old` comes out in id order.
         for ((l, id), list) in &changes.touched {
             if *l == 0 {
-                bottom.push((*id, list));
+                old.push((*id, list));
             } else {
                 codec::encode_links(list, self.params.max_links(*l), &mut buf);
                 dbs.links_up.put(wtxn, &codec::upper_key(*l, *id), &buf).map_err(err)?;
@@ -560,42 +638,221 @@ impl Index {
         }
         for (i, lists) in changes.new.iter().enumerate() {
             let id = changes.first_new + i as u32;
-            bottom.push((id, &lists[0]));
+            new.push((id, &lists[0]));
             for (l, list) in lists.iter().enumerate().skip(1) {
                 codec::encode_links(list, self.params.max_links(l as u8), &mut buf);
                 dbs.links_up.put(wtxn, &codec::upper_key(l as u8, id), &buf).map_err(err)?;
             }
         }
-        bottom.sort_unstable_by_key(|(id, _)| *id);
-        let per_block = codec::links0_block_nodes(self.params.max_links(0)) as u32;
-        let list_len = codec::links_bytes(self.params.max_links(0));
-        // Blocks that held no node before this batch do not exist yet.
-        let first_unwritten_block = first_new.div_ceil(per_block);
-        let mut i = 0;
-        let mut blocks = 0usize;
-        while i < bottom.len() {
-            blocks += 1;
-            let block = bottom[i].0 / per_block;
-            let key = codec::id_key(block);
-            buf.clear();
-            match dbs.links0.get(wtxn, &key).map_err(err)? {
-                Some(old) if block < first_unwritten_block => buf.extend_from_slice(old),
-                Some(_) | None => buf.resize(list_len * per_block as usize, 0),
+        span.record("lists", old.len() + new.len());
+        let m0 = self.params.max_links(0);
+        let next_epoch = epoch + 1;
+        match self.log_decision(log, &old) {
+            LogDecision::Keep => {
+                let blocks = self.patch_blocks(wtxn, first_new, &new, None)?;
+                span.record("blocks", blocks);
+                Ok(None)
             }
-            while i < bottom.len() && bottom[i].0 / per_block == block {
-                let (id, list) = bottom[i];
-                let at = (id % per_block) as usize * list_len;
-                codec::write_links(list, &mut buf[at..at + list_len]);
-                i += 1;
+            LogDecision::Append => {
+                let _s = tracing::debug_span!("append_log", lists = old.len()).entered();
+                let blocks = self.patch_blocks(wtxn, first_new, &new, None)?;
+                span.record("blocks", blocks);
+                // Written straight into the pages LMDB reserves: a batch's
+                // value is about a megabyte at 100k points.
+                let len = links_log::value_bytes(old.len(), m0, self.page_size);
+                dbs.links0_log
+                    .put_reserved(wtxn, &next_epoch.to_be_bytes(), len, |space| {
+                        links_log::write_value(old.iter().copied(), m0, space)?;
+                        space.fill_zeroes();
+                        Ok(())
+                    })
+                    .map_err(err)?;
+                Ok(Some(log.with_value(next_epoch, old.iter().map(|(id, _)| *id))))
             }
-            if block < first_unwritten_block {
-                dbs.links0.put(wtxn, &key, &buf).map_err(err)?;
-            } else {
-                dbs.links0.put_with_flags(wtxn, PutFlags::APPEND, &key, &buf).map_err(err)?;
+            LogDecision::Fold => {
+                let _s = tracing::debug_span!("fold_log", logged = log.records()).entered();
+                let mut direct = old;
+                direct.extend_from_slice(&new);
+                let blocks = self.patch_blocks(wtxn, first_new, &direct, Some(log))?;
+                span.record("blocks", blocks);
+                if log.is_empty() {
+                    return Ok(None);
+                }
+                dbs.links0_log.clear(wtxn).map_err(err)?;
+                Ok(Some(LogIndex::default()))
             }
         }
-        span.record("lists", changes_len).record("blocks", blocks);
-        Ok(())
+    }
+
+    /// What this batch does with the changed lists of existing nodes,
+    /// `old` (ascending ids).
+    fn log_decision(&self, log: &LogIndex, old: &[(u32, &[u32])]) -> LogDecision {
+        let fold_lists = match self.opts.link_log {
+            LinkLog::Off => return LogDecision::Fold,
+            LinkLog::Auto { fold_lists } | LinkLog::Always { fold_lists } => fold_lists as u64,
+        };
+        if old.is_empty() {
+            return LogDecision::Keep;
+        }
+        if log.records() + old.len() as u64 > fold_lists
+            || log.values().len() >= links_log::MAX_VALUES
+            || old.len() > links_log::MAX_RECORDS
+        {
+            return LogDecision::Fold;
+        }
+        if matches!(self.opts.link_log, LinkLog::Always { .. }) || !log.is_empty() {
+            return LogDecision::Append;
+        }
+        // With an empty log, patching in place costs the blocks it touches;
+        // appending costs the records. A small index has few blocks, and a
+        // batch touches most of them either way.
+        let list_bytes = codec::links_bytes(self.params.max_links(0));
+        let per_block = codec::links0_block_nodes(self.params.max_links(0)) as u32;
+        let mut blocks = 0usize;
+        let mut last = None;
+        for (id, _) in old {
+            if last != Some(id / per_block) {
+                blocks += 1;
+                last = Some(id / per_block);
+            }
+        }
+        if blocks * list_bytes * per_block as usize <= old.len() * links_log::record_bytes(list_bytes) {
+            LogDecision::Fold
+        } else {
+            LogDecision::Append
+        }
+    }
+
+    /// Patches bottom-layer lists into their blocks: `direct` (ascending
+    /// ids), and with `fold`, every list that log version holds that
+    /// `direct` does not replace. Blocks are read, patched and rewritten
+    /// once each, in key order; blocks past the ones that existed before
+    /// `first_new` are appended. Returns how many blocks were written.
+    fn patch_blocks(
+        &self,
+        wtxn: &mut RwTxn<'_>,
+        first_new: u32,
+        direct: &[(u32, &[u32])],
+        fold: Option<&LogIndex>,
+    ) -> Result<usize, Attempt> {
+        // Lists are gathered a round at a time, as bytes, because the
+        // logged ones are read from values of this very transaction, which
+        // cannot be borrowed while blocks are written; a round bounds the
+        // memory a fold needs whatever the log holds.
+        const ROUND: usize = 4096;
+        let dbs = &self.store.dbs;
+        let err = |e| attempt(&self.store, e);
+        let m0 = self.params.max_links(0);
+        let per_block = codec::links0_block_nodes(m0) as u32;
+        let list_len = codec::links_bytes(m0);
+        // Blocks that held no node before this batch do not exist yet.
+        let first_unwritten_block = first_new.div_ceil(per_block);
+        let mut logged = fold.into_iter().flat_map(LogIndex::entries).peekable();
+        let mut direct = direct.iter().peekable();
+        let mut round: Vec<u32> = Vec::with_capacity(ROUND);
+        let mut bytes: Vec<u8> = Vec::with_capacity(ROUND * list_len);
+        let mut block_buf = Vec::new();
+        let mut written = 0usize;
+        let mut last_block: Option<u32> = None;
+        loop {
+            round.clear();
+            bytes.clear();
+            {
+                let mut values: Vec<Option<&[u8]>> = Vec::new();
+                while round.len() < ROUND {
+                    let next_logged = logged.peek().map(|(id, _)| *id);
+                    let next_direct = direct.peek().map(|(id, _)| *id);
+                    let at = bytes.len();
+                    // A list of this batch replaces the logged one of its id.
+                    let take_direct = match (next_direct, next_logged) {
+                        (None, None) => break,
+                        (Some(d), Some(l)) => d <= l,
+                        (Some(_), None) => true,
+                        (None, Some(_)) => false,
+                    };
+                    if take_direct {
+                        let Some(&(id, list)) = direct.next() else { break };
+                        if next_logged == Some(id) {
+                            logged.next();
+                        }
+                        bytes.resize(at + list_len, 0);
+                        codec::write_links(list, &mut bytes[at..]);
+                        round.push(id);
+                    } else {
+                        let Some((id, (slot, record))) = logged.next() else { break };
+                        let list = self.logged_bytes(wtxn, fold, &mut values, slot, record, list_len)?;
+                        bytes.extend_from_slice(list);
+                        round.push(id);
+                    }
+                }
+            }
+            if round.is_empty() {
+                break;
+            }
+            let mut i = 0;
+            while i < round.len() {
+                let block = round[i] / per_block;
+                let key = codec::id_key(block);
+                let exists = block < first_unwritten_block || last_block == Some(block);
+                block_buf.clear();
+                match dbs.links0.get(wtxn, &key).map_err(err)? {
+                    Some(old) if exists => block_buf.extend_from_slice(old),
+                    Some(_) | None => block_buf.resize(list_len * per_block as usize, 0),
+                }
+                while i < round.len() && round[i] / per_block == block {
+                    let at = (round[i] % per_block) as usize * list_len;
+                    block_buf[at..at + list_len].copy_from_slice(&bytes[i * list_len..(i + 1) * list_len]);
+                    i += 1;
+                }
+                if exists {
+                    dbs.links0.put(wtxn, &key, &block_buf).map_err(err)?;
+                } else {
+                    dbs.links0.put_with_flags(wtxn, PutFlags::APPEND, &key, &block_buf).map_err(err)?;
+                }
+                if last_block != Some(block) {
+                    written += 1;
+                }
+                last_block = Some(block);
+            }
+        }
+        Ok(written)
+    }
+
+    /// The stored bytes of logged list `(slot, record)` of `log`, read
+    /// through `wtxn`; `values` memoises each slot's value for one round.
+    fn logged_bytes<'w>(
+        &self,
+        wtxn: &'w RwTxn<'_>,
+        log: Option<&LogIndex>,
+        values: &mut Vec<Option<&'w [u8]>>,
+        slot: usize,
+        record: usize,
+        list_len: usize,
+    ) -> Result<&'w [u8], Attempt> {
+        let corrupt = |detail: String| Attempt::Failed(Error::Corrupt { path: self.store.path.clone(), detail });
+        if values.len() <= slot {
+            values.resize(slot + 1, None);
+        }
+        let value = match values[slot] {
+            Some(v) => v,
+            None => {
+                let epoch = log.and_then(|l| l.values().get(slot).copied()).ok_or_else(|| corrupt(format!("link log slot {slot} does not exist")))?;
+                let v = self
+                    .store
+                    .dbs
+                    .links0_log
+                    .get(wtxn, &epoch.to_be_bytes())
+                    .map_err(|e| attempt(&self.store, e))?
+                    .ok_or_else(|| corrupt(format!("link log value {epoch} is missing")))?;
+                values[slot] = Some(v);
+                v
+            }
+        };
+        let record_len = links_log::record_bytes(list_len);
+        links_log::records(value, list_len)
+            .and_then(|mut r| r.nth(record))
+            .map(|r| &r[4..4 + list_len])
+            .ok_or_else(|| corrupt(format!("link log record {record} of slot {slot} is past its value ({record_len} bytes each)")))
     }
 
     fn grow_map(&self) -> Result<()> {
@@ -663,7 +920,7 @@ impl Index {
     pub fn snapshot(&self) -> Result<Snapshot<'_>> {
         let guard = self.resize.read();
         let generation = self.generation.load(Ordering::Acquire);
-        let session = Session::open(&self.store, generation, self.opts.cache_budget_bytes)?;
+        let session = Session::open(&self.store, &self.log, generation, self.opts.cache_budget_bytes)?;
         Ok(Snapshot { index: self, session, shared: guard })
     }
 
@@ -679,6 +936,7 @@ impl Index {
             disk_bytes: self.store.disk_bytes(),
             map_size: self.store.map_size(),
             commits: self.generation.load(Ordering::Acquire),
+            link_log_lists: snap.session.log_records(),
         })
     }
 
@@ -689,7 +947,7 @@ impl Index {
                 return Ok(s);
             }
         }
-        Session::open(&self.store, generation, self.opts.cache_budget_bytes)
+        Session::open(&self.store, &self.log, generation, self.opts.cache_budget_bytes)
     }
 
     fn return_session(&self, s: Session) {
@@ -760,6 +1018,34 @@ fn check_source(source: &str) -> Result<(), InvalidInput> {
         return Err(InvalidInput::BadSourceName { len: source.len(), max: crate::batch::MAX_SOURCE_BYTES });
     }
     Ok(())
+}
+
+/// What a write transaction's linking starts from: the committed state, the
+/// addresses shared across commits, and the link log as of that state.
+#[derive(Clone, Copy)]
+struct Base<'a> {
+    state: &'a State,
+    shared: &'a SharedAddrs,
+    log: &'a LogIndex,
+}
+
+/// What linking a batch leaves for the commit.
+struct Linked {
+    /// The graph's entry point.
+    entry: Option<(u32, u8)>,
+    /// The link log's next version, if the batch appended to it or folded it.
+    log: Option<LogIndex>,
+}
+
+/// What a batch does with the changed bottom lists of existing nodes.
+enum LogDecision {
+    /// It changed none: the log stays as it is.
+    Keep,
+    /// Append them to the log as one value.
+    Append,
+    /// Patch them and everything the log holds into the blocks, and empty
+    /// the log (with an empty log: plain patching in place).
+    Fold,
 }
 
 /// Why one write attempt stopped.
@@ -871,6 +1157,56 @@ mod tests {
         match index.search(&q, SearchParams::new(10, 200)) {
             Err(Error::Corrupt { detail, .. }) => assert!(detail.contains("code block 1"), "{detail}"),
             other => panic!("expected a corruption error, got {other:?}"),
+        }
+    }
+
+    /// A damaged link log is reported when the index opens, naming the
+    /// value, never read past its end.
+    #[test]
+    fn a_damaged_link_log_is_reported_as_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = IndexOptions { build_threads: 1, durable: false, link_log: LinkLog::Always { fold_lists: 1 << 20 }, ..IndexOptions::default() };
+        let index = Index::open_or_create(dir.path(), IndexParams::new(8, crate::Metric::Euclidean), opts.clone()).unwrap();
+        let point = |i: u64| (i, (0..8).map(|j| ((i * 3 + j) % 11) as f32 - 5.0).collect::<Vec<f32>>());
+        index.apply(Batch::upserts((0..100).map(point))).unwrap();
+        index.apply(Batch::upserts((100..150).map(point))).unwrap();
+        assert!(index.stats().unwrap().link_log_lists > 0);
+        let (key, value) = {
+            let txn = index.store.env.read_txn().unwrap();
+            let (k, v) = index.store.dbs.links0_log.first(&txn).unwrap().unwrap();
+            (k.to_vec(), v.to_vec())
+        };
+        let epoch = u64::from_be_bytes(key.as_slice().try_into().unwrap());
+        let damage = |index: &Index, value: &[u8]| {
+            let mut wtxn = index.store.env.write_txn().unwrap();
+            index.store.dbs.links0_log.put(&mut wtxn, &key, value).unwrap();
+            wtxn.commit().unwrap();
+        };
+        // Cut short: the count promises more records than the value holds.
+        damage(&index, &value[..40]);
+        drop(index);
+        match Index::open(dir.path(), opts.clone()) {
+            Err(Error::Corrupt { detail, .. }) => assert!(detail.contains(&format!("link log value {epoch}")), "{detail}"),
+            Err(other) => panic!("expected a corruption error, got {other}"),
+            Ok(_) => panic!("a damaged log was accepted"),
+        }
+        // A record naming a node past the index.
+        let index = {
+            let store = crate::store::Store::open(dir.path(), &crate::store::StoreOptions {
+                initial_map_size: 1 << 20, max_map_size: 1 << 30, max_readers: 16, durable: false, read_ahead: false,
+            }).unwrap();
+            let mut bad = value.clone();
+            bad[4..8].copy_from_slice(&10_000u32.to_le_bytes());
+            let mut wtxn = store.env.write_txn().unwrap();
+            store.dbs.links0_log.put(&mut wtxn, &key, &bad).unwrap();
+            wtxn.commit().unwrap();
+            drop(store);
+            Index::open(dir.path(), opts)
+        };
+        match index {
+            Err(Error::Corrupt { detail, .. }) => assert!(detail.contains("node 10000"), "{detail}"),
+            Err(other) => panic!("expected a corruption error, got {other}"),
+            Ok(_) => panic!("a damaged log was accepted"),
         }
     }
 

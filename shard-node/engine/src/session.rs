@@ -1,11 +1,14 @@
 //! Read sessions: a read transaction plus the caches that make searching
 //! it fast, reused across searches until the next commit.
 
+use std::sync::Arc;
+
 use heed::{RoTxn, WithoutTls};
 
 use crate::codec::{self, NodeRecord, State};
 use crate::error::{Error, InvalidInput, Location, Result};
 use crate::index::Rescore;
+use crate::links_log::{LogIndex, LogVersions};
 use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer};
 use crate::params::IndexParams;
 use crate::store::Store;
@@ -79,19 +82,25 @@ pub(crate) struct Session {
     found: Vec<Scored>,
     pub(crate) state: State,
     pub(crate) generation: u64,
+    /// The link log's index as of this transaction's commit.
+    log: Arc<LogIndex>,
     txn: RoTxn<'static, WithoutTls>,
 }
 
 impl Session {
-    pub(crate) fn open(store: &Store, generation: u64, cache_budget: usize) -> Result<Session> {
-        let txn = store.env.clone().static_read_txn().map_err(|e| store.err(e))?;
-        let state = read_state(store, &txn)?;
+    pub(crate) fn open(store: &Store, log: &LogVersions, generation: u64, cache_budget: usize) -> Result<Session> {
+        let ((txn, state), log) = log.pair(store, || {
+            let txn = store.env.clone().static_read_txn().map_err(|e| store.err(e))?;
+            let state = read_state(store, &txn)?;
+            Ok(((txn, state), state.log_epoch))
+        })?;
         Ok(Session {
             cache: NodeCache::new(cache_budget),
             scratch: Scratch::new(),
             found: Vec::new(),
             state,
             generation,
+            log,
             txn,
         })
     }
@@ -100,8 +109,9 @@ impl Session {
         let frozen = Frozen::new(shared, self.state.next_id);
         // SAFETY: `self.cache` only ever receives pointers read through
         // `self.txn`: it is created with the session and never shared; and
-        // `frozen` is derived from the state this txn reads.
-        unsafe { TxnView::new(&self.txn, store, &mut self.cache, Some(frozen), params) }
+        // `frozen` is derived from the state this txn reads, `log` was paired
+        // with it when the session opened.
+        unsafe { TxnView::new(&self.txn, store, &mut self.cache, Some(frozen), &self.log, params) }
     }
 
     /// Searches with a prepared (validated, normalised) query.
@@ -124,11 +134,11 @@ impl Session {
         // every node.
         let ef = sp.ef.max(sp.k).min(self.state.live.max(1) as usize);
         let frozen = Frozen::new(shared, self.state.next_id);
-        let Session { cache, scratch, found, txn, .. } = self;
+        let Session { cache, scratch, found, txn, log, .. } = self;
         // SAFETY: `cache` only ever receives pointers read through `txn`: it
         // is created with the session and never shared; `frozen` is derived
-        // from the state this txn reads.
-        let mut view = unsafe { TxnView::new(txn, store, cache, Some(frozen), params) };
+        // from the state this txn reads, `log` was paired with it.
+        let mut view = unsafe { TxnView::new(txn, store, cache, Some(frozen), log, params) };
         let code = OwnedCode::new(query);
         let qc = code.code();
         // A search's candidates are its answer, so it walks at full
@@ -184,13 +194,18 @@ impl Session {
         offsets(store, &self.txn)
     }
 
+    /// Lists in the link log as of this session's commit.
+    pub(crate) fn log_records(&self) -> u64 {
+        self.log.records()
+    }
+
     /// Pointers copied because LMDB misaligned them (expected: none).
     pub(crate) fn unaligned_vectors(&self) -> usize {
         self.cache.unaligned_count()
     }
 
     pub(crate) fn cache_bytes(&self) -> usize {
-        self.cache.bytes() + self.scratch.bytes()
+        self.cache.bytes() + self.scratch.bytes() + self.log.bytes()
     }
 }
 

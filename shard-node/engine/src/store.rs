@@ -20,8 +20,12 @@ pub(crate) struct Dbs {
     /// internal id → the vector's code (see `quant`), what the graph is
     /// walked with.
     pub(crate) codes: Db,
-    /// internal id → bottom-layer link list.
+    /// block number → bottom-layer link lists of its ids
+    /// (`codec::links0_block_nodes`).
     pub(crate) links0: Db,
+    /// log epoch (BE u64) → changed bottom-layer lists of existing nodes,
+    /// not yet folded into `links0` (see `links_log`).
+    pub(crate) links0_log: Db,
     /// (level, internal id) → upper-layer link list.
     pub(crate) links_up: Db,
     /// internal id → [`crate::codec::NodeRecord`] (external id, level, flags).
@@ -79,7 +83,7 @@ impl Store {
         // in this process; shoal never opens them with anything else.
         let env = unsafe { builder.open(path) }.map_err(|e| storage(path, e))?;
         let wtxn = env.write_txn().map_err(|e| storage(path, e))?;
-        let (meta, vectors, codes, links0, links_up, nodes, external, payloads, offsets) = env
+        let (meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets) = env
             .create_databases_and_commit(wtxn, |dbo, wtxn| -> heed::Result<_> {
                 let mut create = |name: &'static str| dbo.create_database::<Bytes, Bytes>(wtxn, Some(name));
                 Ok(CommitOrAbort::<_, ()>::Commit((
@@ -87,6 +91,7 @@ impl Store {
                     create("vectors")?,
                     create("codes")?,
                     create("links0")?,
+                    create("links0_log")?,
                     create("links_up")?,
                     create("nodes")?,
                     create("external")?,
@@ -98,7 +103,7 @@ impl Store {
             .unwrap_commit();
         Ok(Store {
             env,
-            dbs: Dbs { meta, vectors, codes, links0, links_up, nodes, external, payloads, offsets },
+            dbs: Dbs { meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets },
             path: path.to_owned(),
             max_map_size: opts.max_map_size,
         })

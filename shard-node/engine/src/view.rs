@@ -15,6 +15,7 @@ use rustc_hash::FxHashMap;
 use crate::cache::{DenseTable, RawPtr, SharedAddrs};
 use crate::codec::{self, NodeRecord};
 use crate::error::{Error, Result};
+use crate::links_log::{self, LogIndex};
 use crate::params::IndexParams;
 use crate::quant::Code;
 use crate::store::Store;
@@ -28,6 +29,9 @@ pub(crate) struct NodeCache {
     links0: DenseTable<RawPtr>,
     nodes: DenseTable<RawPtr>,
     upper: FxHashMap<(u8, u32), RawPtr>,
+    /// Per slot of the transaction's link log version: where the value's
+    /// records start, and how many it holds.
+    log_values: Vec<(RawPtr, u32)>,
     /// Copies of vectors that LMDB did not place on a 4-byte boundary. With
     /// fixed-size values and 4-byte keys every vector is aligned (see
     /// `docs/engine.md`), so this stays empty; it exists so that a layout
@@ -44,6 +48,7 @@ impl NodeCache {
             links0: DenseTable::with_budget(budget_bytes / 4),
             nodes: DenseTable::with_budget(budget_bytes / 4),
             upper: FxHashMap::default(),
+            log_values: Vec::new(),
             unaligned: Vec::new(),
         }
     }
@@ -54,7 +59,7 @@ impl NodeCache {
     }
 
     pub(crate) fn bytes(&self) -> usize {
-        self.codes.bytes() + self.vectors.bytes() + self.links0.bytes() + self.nodes.bytes() + self.upper.len() * 24
+        self.codes.bytes() + self.vectors.bytes() + self.links0.bytes() + self.nodes.bytes() + self.upper.len() * 24 + self.log_values.len() * 16
     }
 }
 
@@ -120,6 +125,9 @@ pub(crate) struct TxnView<'t> {
     store: &'t Store,
     cache: &'t mut NodeCache,
     frozen: Option<Frozen<'t>>,
+    /// Where the transaction's newest bottom lists are, for the nodes whose
+    /// list is in the link log rather than in its block.
+    log: &'t LogIndex,
     dim: usize,
     code_bytes: usize,
     codes_block: u32,
@@ -133,12 +141,14 @@ impl<'t> TxnView<'t> {
     /// # Safety
     /// `cache` must be empty or hold only pointers read through `txn`
     /// (by earlier views over the same, still open, transaction), and
-    /// `frozen` must describe the committed state `txn` is based on.
+    /// `frozen` must describe the committed state `txn` is based on, and
+    /// `log` must be the link log version of that state.
     pub(crate) unsafe fn new(
         txn: &'t RoTxn<'t, WithoutTls>,
         store: &'t Store,
         cache: &'t mut NodeCache,
         frozen: Option<Frozen<'t>>,
+        log: &'t LogIndex,
         params: &IndexParams,
     ) -> Self {
         let m0 = params.max_links(0);
@@ -147,6 +157,7 @@ impl<'t> TxnView<'t> {
             store,
             cache,
             frozen,
+            log,
             dim: params.dim as usize,
             code_bytes: params.code_bytes(),
             codes_block: params.codes_per_block(),
@@ -279,6 +290,71 @@ impl<'t> TxnView<'t> {
         Ok(p)
     }
 
+    /// Where `id`'s bottom-layer list is if the link log holds a newer one
+    /// than its block (see `links_log`).
+    #[inline]
+    pub(crate) fn logged_list(&mut self, id: u32) -> Result<Option<*const u8>> {
+        let Some((slot, record)) = self.log.get(id) else { return Ok(None) };
+        let (start, count) = match self.cache.log_values.get(slot).and_then(|(p, n)| p.get().map(|p| (p, *n))) {
+            Some(known) => known,
+            None => self.fetch_log_value(slot)?,
+        };
+        if record >= count as usize {
+            return Err(self.corrupt(format!("link log record {record} of node {id} is past its value ({count} records)")));
+        }
+        // SAFETY: `fetch_log_value` checked that the value holds `count`
+        // whole records; the list follows the record's 4-byte id.
+        Ok(Some(unsafe { start.add(record * links_log::record_bytes(self.links0_bytes) + 4) }))
+    }
+
+    #[cold]
+    fn fetch_log_value(&mut self, slot: usize) -> Result<(*const u8, u32)> {
+        let epoch = self.log.values().get(slot).copied().ok_or_else(|| self.corrupt(format!("link log slot {slot} does not exist")))?;
+        let value = self
+            .store
+            .dbs
+            .links0_log
+            .get(self.txn, &epoch.to_be_bytes())
+            .map_err(|e| self.store.err(e))?
+            .ok_or_else(|| self.corrupt(format!("link log value {epoch} is missing")))?;
+        let count = links_log::records(value, self.links0_bytes)
+            .ok_or_else(|| self.corrupt(format!("link log value {epoch} is malformed")))?
+            .len() as u32;
+        let start = value[links_log::HEADER..].as_ptr();
+        if self.cache.log_values.len() <= slot {
+            self.cache.log_values.resize(slot + 1, (RawPtr::default(), 0));
+        }
+        self.cache.log_values[slot] = (RawPtr::new(start), count);
+        Ok((start, count))
+    }
+
+    /// `id`'s bottom-layer list: from the log if it holds one, else from
+    /// its block (found through `block`, which is only called then).
+    #[inline]
+    pub(crate) fn links0(&mut self, id: u32, out: &mut Vec<u32>, block: impl FnOnce(&mut Self) -> Result<*const u8>) -> Result<()> {
+        if let Some(p) = self.logged_list(id)? {
+            // SAFETY: `logged_list` points at a whole list inside a value
+            // of the live transaction.
+            return unsafe { self.decode_list(p, self.links0_bytes, id, 0, out) };
+        }
+        let b = block(self)?;
+        self.links0_in(b, id, out)
+    }
+
+    /// Starts loading `id`'s logged list, if it is logged and its value's
+    /// address is known. Returns false if the list is not in the log.
+    #[inline]
+    pub(crate) fn prefetch_logged(&self, id: u32) -> bool {
+        let Some((slot, record)) = self.log.get(id) else { return false };
+        if let Some((p, n)) = self.cache.log_values.get(slot)
+            && let Some(p) = p.get()
+            && record < *n as usize
+        {
+            crate::hnsw::prefetch(p.wrapping_add(record * links_log::record_bytes(self.links0_bytes) + 4), self.links0_bytes);
+        }
+        true
+    }
+
     /// Bottom-layer lists are stored in blocks (`codec::links0_block_nodes`):
     /// the start of the block that holds `id`'s list, memoised per
     /// transaction.
@@ -364,8 +440,7 @@ impl<'t> Graph<'t> for TxnView<'t> {
     #[inline]
     fn links(&mut self, id: u32, level: u8, out: &mut Vec<u32>) -> Result<()> {
         if level == 0 {
-            let block = self.links0_block_ptr(id)?;
-            return self.links0_in(block, id, out);
+            return self.links0(id, out, |v| v.links0_block_ptr(id));
         }
         let len = self.links_up_bytes;
         let ptr = match self.cache.upper.get(&(level, id)).and_then(|p| p.get()) {
@@ -390,6 +465,7 @@ impl<'t> Graph<'t> for TxnView<'t> {
     #[inline]
     fn prefetch_links(&mut self, id: u32, level: u8) {
         if level == 0
+            && !self.prefetch_logged(id)
             && let Some(block) = self.cache.links0.get(id / self.links0_block).get()
         {
             self.prefetch_links0_in(block, id);

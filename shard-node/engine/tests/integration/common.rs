@@ -2,7 +2,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use shoal_engine::{Batch, Index, IndexOptions, IndexParams, Metric, Op, Point};
+use shoal_engine::{Batch, Index, IndexOptions, IndexParams, LinkLog, Metric, Op, Point};
 use tempfile::TempDir;
 
 /// An index in its own temporary directory.
@@ -11,10 +11,18 @@ pub(crate) struct Fixture {
     pub(crate) index: Index,
 }
 
-/// Options for tests: two build threads (so the parallel path runs) and no
-/// fsync (durability is tested explicitly where it matters).
+/// Options for tests: two build threads (so the parallel path runs), no
+/// fsync (durability is tested explicitly where it matters), and every
+/// batch's changed lists appended to the link log, folded every few
+/// hundred lists: test indexes are small, and the default would patch them
+/// in place, leaving the log's read and fold paths untested.
 pub(crate) fn test_options() -> IndexOptions {
-    IndexOptions { build_threads: 2, durable: false, ..IndexOptions::default() }
+    IndexOptions {
+        build_threads: 2,
+        durable: false,
+        link_log: LinkLog::Always { fold_lists: 400 },
+        ..IndexOptions::default()
+    }
 }
 
 impl Fixture {

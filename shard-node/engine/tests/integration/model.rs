@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use shoal_engine::{Batch, BatchOutcome, Error, InvalidInput, Metric, Op, Point, SearchParams};
+use shoal_engine::{Batch, BatchOutcome, Error, IndexOptions, IndexParams, InvalidInput, LinkLog, Metric, Op, Point, SearchParams};
 
-use crate::common::{Fixture, assert_exact, brute_force};
+use crate::common::{Fixture, assert_exact, brute_force, test_options};
 
 const DIM: usize = 6;
 const IDS: u64 = 40;
@@ -111,12 +111,29 @@ fn widen(history: History, queries: Vec<Vec<f32>>, times: usize) -> (History, Ve
     (history, queries.into_iter().map(|q| q.repeat(times)).collect())
 }
 
-fn check(metric: Metric, history: History, queries: Vec<Vec<f32>>) {
+/// Where batches write existing nodes' changed lists: in place, or to the
+/// link log folded after a few to a few hundred lists (every fold point
+/// and a log of many values get tried).
+fn link_log() -> impl Strategy<Value = LinkLog> {
+    prop_oneof![
+        Just(LinkLog::Off),
+        Just(LinkLog::default()),
+        (1usize..300).prop_map(|fold_lists| LinkLog::Always { fold_lists }),
+    ]
+}
+
+fn check(metric: Metric, link_log: LinkLog, history: History, queries: Vec<Vec<f32>>) {
     let dim = queries.first().map_or(DIM, Vec::len);
-    let fx = Fixture::new(dim as u32, metric);
+    let opts = IndexOptions { link_log, ..test_options() };
+    let mut fx = Fixture::with(IndexParams::new(dim as u32, metric), opts.clone());
     let mut points = BTreeMap::new();
     let mut offset = None;
     for (step, (ops, batch_offset)) in history.iter().enumerate() {
+        // Half-way, the index restarts: what it knows of the link log must
+        // come back from the file.
+        if step == history.len() / 2 && step > 0 {
+            fx = fx.reopen(opts.clone());
+        }
         let want = predict(&mut points, &mut offset, ops, *batch_offset);
         let got = fx.index.apply(to_batch(ops, *batch_offset));
         match (&got, &want) {
@@ -154,18 +171,30 @@ fn check(metric: Metric, history: History, queries: Vec<Vec<f32>>) {
 proptest! {
     // 256 cases per metric by default; PROPTEST_CASES raises it for soaks.
     #[test]
-    fn cosine_index_matches_the_model(history in batches(), queries in proptest::collection::vec(vector(), 3)) {
-        check(Metric::Cosine, history, queries);
+    fn cosine_index_matches_the_model(
+        history in batches(),
+        queries in proptest::collection::vec(vector(), 3),
+        log in link_log(),
+    ) {
+        check(Metric::Cosine, log, history, queries);
     }
 
     #[test]
-    fn euclidean_index_matches_the_model(history in batches(), queries in proptest::collection::vec(vector(), 3)) {
-        check(Metric::Euclidean, history, queries);
+    fn euclidean_index_matches_the_model(
+        history in batches(),
+        queries in proptest::collection::vec(vector(), 3),
+        log in link_log(),
+    ) {
+        check(Metric::Euclidean, log, history, queries);
     }
 
     #[test]
-    fn dot_index_matches_the_model(history in batches(), queries in proptest::collection::vec(vector(), 3)) {
-        check(Metric::Dot, history, queries);
+    fn dot_index_matches_the_model(
+        history in batches(),
+        queries in proptest::collection::vec(vector(), 3),
+        log in link_log(),
+    ) {
+        check(Metric::Dot, log, history, queries);
     }
 }
 
@@ -177,9 +206,10 @@ proptest! {
         history in batches(),
         queries in proptest::collection::vec(vector(), 3),
         metric in prop_oneof![Just(Metric::Cosine), Just(Metric::Euclidean), Just(Metric::Dot)],
+        log in link_log(),
     ) {
         let (history, queries) = widen(history, queries, 100);
-        check(metric, history, queries);
+        check(metric, log, history, queries);
     }
 }
 

@@ -1,6 +1,6 @@
 //! Atomicity, isolation and durability of batches.
 
-use shoal_engine::{Batch, Error, IndexOptions, IndexParams, Metric, Op, SearchParams};
+use shoal_engine::{Batch, Error, IndexOptions, IndexParams, LinkLog, Metric, Op, SearchParams};
 
 use crate::common::{Fixture, random_batch, random_vector, rng, test_options};
 
@@ -94,6 +94,85 @@ fn readers_opened_before_a_commit_keep_seeing_the_old_state() {
     assert!(new.get(old_hits[0].id).unwrap().is_none());
     let new_hits = new.search(&q, SearchParams::new(10, 100)).unwrap();
     assert!(new_hits.iter().all(|h| !old_hits.iter().any(|o| o.id == h.id)), "deleted points returned");
+}
+
+/// The link log is versioned with the commits: snapshots held across
+/// batches that append to it and batches that fold it keep answering as of
+/// their own commit, and a reopen rebuilds what the log holds.
+#[test]
+fn snapshots_keep_their_own_link_log_across_appends_and_folds() {
+    let mut rng = rng("snapshots_keep_their_own_link_log_across_appends_and_folds");
+    let dim = 16;
+    let opts = IndexOptions { link_log: LinkLog::Always { fold_lists: 2_000 }, ..test_options() };
+    let fx = Fixture::with(IndexParams::new(dim as u32, Metric::Euclidean), opts.clone());
+    fx.index.apply(random_batch(&mut rng, dim, 0..500)).unwrap();
+    let queries: Vec<Vec<f32>> = (0..20).map(|_| random_vector(&mut rng, dim)).collect();
+    let answers = |snap: &mut shoal_engine::Snapshot<'_>| -> Vec<Vec<(u64, f32)>> {
+        queries.iter().map(|q| snap.search(q, SearchParams::new(10, 80)).unwrap().iter().map(|h| (h.id, h.distance)).collect()).collect()
+    };
+    let mut held = Vec::new();
+    let (mut appends, mut folds) = (0, 0);
+    let mut lists = fx.index.stats().unwrap().link_log_lists;
+    let mut b = 1u64;
+    // Until the log has been folded twice and ends up holding lists.
+    while folds < 2 || lists == 0 {
+        assert!(b < 60, "the log never folded ({appends} appends)");
+        let mut snap = fx.index.snapshot().unwrap();
+        let want = answers(&mut snap);
+        held.push((snap, want));
+        fx.index.apply(random_batch(&mut rng, dim, 400 + 100 * b..500 + 100 * b)).unwrap();
+        let now = fx.index.stats().unwrap().link_log_lists;
+        if now > lists {
+            appends += 1;
+        } else {
+            folds += 1;
+        }
+        lists = now;
+        for (i, (snap, want)) in held.iter_mut().enumerate() {
+            assert_eq!(&answers(snap), want, "snapshot {i} changed after batch {b}");
+        }
+        b += 1;
+    }
+    assert!(appends >= 2, "{appends} appends");
+    drop(held);
+    let before = answers(&mut fx.index.snapshot().unwrap());
+    let fx = fx.reopen(opts);
+    assert_eq!(fx.index.stats().unwrap().link_log_lists, lists, "the log's index was not rebuilt");
+    assert_eq!(answers(&mut fx.index.snapshot().unwrap()), before);
+}
+
+/// A log left by one setting is folded by the first batch under `Off`,
+/// and nothing is lost on the way.
+#[test]
+fn turning_the_link_log_off_folds_what_it_holds() {
+    let mut rng = rng("turning_the_link_log_off_folds_what_it_holds");
+    let dim = 12;
+    let opts = IndexOptions { link_log: LinkLog::Always { fold_lists: 1 << 20 }, ..test_options() };
+    let fx = Fixture::with(IndexParams::new(dim as u32, Metric::Euclidean), opts);
+    let mut points = Vec::new();
+    for b in 0..4u64 {
+        let batch = random_batch(&mut rng, dim, b * 150..(b + 1) * 150);
+        points.extend(batch.ops.iter().map(|op| match op {
+            Op::Upsert(p) => (p.id, p.vector.clone()),
+            _ => unreachable!("random_batch only upserts"),
+        }));
+        fx.index.apply(batch).unwrap();
+    }
+    assert!(fx.index.stats().unwrap().link_log_lists > 0, "nothing was logged");
+    let fx = fx.reopen(IndexOptions { link_log: LinkLog::Off, ..test_options() });
+    let batch = random_batch(&mut rng, dim, 600..650);
+    points.extend(batch.ops.iter().map(|op| match op {
+        Op::Upsert(p) => (p.id, p.vector.clone()),
+        _ => unreachable!("random_batch only upserts"),
+    }));
+    fx.index.apply(batch).unwrap();
+    assert_eq!(fx.index.stats().unwrap().link_log_lists, 0, "the log was not folded");
+    let fx = fx.reopen(test_options());
+    for _ in 0..20 {
+        let q = random_vector(&mut rng, dim);
+        let want = crate::common::brute_force(Metric::Euclidean, &points, &q, 5);
+        crate::common::assert_exact(&fx.index.search(&q, SearchParams::new(5, 700)).unwrap(), &want, "after the fold");
+    }
 }
 
 #[test]

@@ -1,0 +1,280 @@
+//! The link log: bottom-layer lists of existing nodes that recent batches
+//! changed, appended instead of patched into their blocks.
+//!
+//! A batch of 1,000 points changes the bottom lists of ~12,700 existing
+//! nodes, and at 100k points those lists lie in 84% of the link blocks, so
+//! patching them in place makes LMDB copy nearly every link page on every
+//! commit (`docs/engine.md`, "Measurements" item 9). Appending them instead
+//! writes one value of new pages per batch, keyed by the log epoch that
+//! wrote it (big-endian, so only ever appended); every few batches a *fold*
+//! patches everything the log holds into the blocks at once, dirtying each
+//! page once for all of them, and empties the log.
+//!
+//! A reader must see, for each node, the newest list its own transaction
+//! holds. [`LogIndex`] says where that is: for every id with a list in the
+//! log, which value (a *slot*, in epoch order) and which record. It is
+//! built in memory, one immutable version per log epoch, and shared by
+//! structure between versions (a new version copies only the chunks whose
+//! ids changed). [`LogVersions`] pairs each read transaction with the
+//! version of the state it reads, by the epoch stored in that state.
+//!
+//! Entries name records, not addresses, so a version stays valid when the
+//! map is moved by a resize and can be made before its commit: each reader
+//! resolves a slot's address through its own transaction (`view::TxnView`).
+//!
+//! Layout of a log value: a u32 LE count, then `count` records of a u32 LE
+//! id and the list's fixed-size bytes (`codec::links_bytes(M0)`), sorted by
+//! id, then zeros up to at least a page so that LMDB keeps the value in
+//! overflow pages of its own, which no later commit rewrites.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+/// Ids per chunk of the index.
+const CHUNK: usize = 1024;
+/// Most values the log holds before it must be folded (slots are 8 bits).
+pub(crate) const MAX_VALUES: usize = 255;
+/// Most records one value may hold (record numbers are 24 bits).
+pub(crate) const MAX_RECORDS: usize = (1 << 24) - 1;
+
+/// Bytes in front of a value's records.
+pub(crate) const HEADER: usize = 4;
+
+/// Where each id's newest logged list is, as of one log epoch.
+#[derive(Clone, Default)]
+pub(crate) struct LogIndex {
+    /// Per chunk of ids, per id: 0, or `(slot + 1) << 24 | record`.
+    chunks: Vec<Option<Arc<[u32; CHUNK]>>>,
+    /// The epochs (keys) of the log's values; an entry's slot indexes this.
+    values: Vec<u64>,
+    /// Records in the log, superseded ones included.
+    records: u64,
+}
+
+impl LogIndex {
+    /// True if the log holds no list.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// Records in the log (a list changed by two batches counts twice).
+    pub(crate) fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Values in the log.
+    pub(crate) fn values(&self) -> &[u64] {
+        &self.values
+    }
+
+    /// Where `id`'s newest logged list is: `(slot, record)`.
+    #[inline]
+    pub(crate) fn get(&self, id: u32) -> Option<(usize, usize)> {
+        let chunk = self.chunks.get(id as usize / CHUNK)?.as_ref()?;
+        let e = chunk[id as usize % CHUNK];
+        (e != 0).then(|| ((e >> 24) as usize - 1, (e & 0xFF_FFFF) as usize))
+    }
+
+    /// Every id with a logged list, ascending, with where its list is.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (u32, (usize, usize))> + '_ {
+        self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
+            chunk.iter().flat_map(move |ch| {
+                ch.iter().enumerate().filter(|(_, e)| **e != 0).map(move |(i, &e)| {
+                    ((c * CHUNK + i) as u32, ((e >> 24) as usize - 1, (e & 0xFF_FFFF) as usize))
+                })
+            })
+        })
+    }
+
+    /// This version plus one more value, keyed `epoch`, whose records hold
+    /// the lists of `ids` (ascending, the order they are stored in).
+    ///
+    /// The caller keeps within [`MAX_VALUES`] and [`MAX_RECORDS`].
+    pub(crate) fn with_value(&self, epoch: u64, ids: impl IntoIterator<Item = u32>) -> LogIndex {
+        let mut next = self.clone();
+        let slot = next.values.len();
+        debug_assert!(slot < MAX_VALUES);
+        next.values.push(epoch);
+        for (record, id) in ids.into_iter().enumerate() {
+            debug_assert!(record < MAX_RECORDS);
+            let c = id as usize / CHUNK;
+            if next.chunks.len() <= c {
+                next.chunks.resize(c + 1, None);
+            }
+            let chunk = next.chunks[c].get_or_insert_with(|| Arc::new([0; CHUNK]));
+            // Copies the chunk if an older version still shares it.
+            Arc::make_mut(chunk)[id as usize % CHUNK] = ((slot as u32 + 1) << 24) | record as u32;
+            next.records += 1;
+        }
+        next
+    }
+
+    /// Memory the index's chunks take (shared chunks counted in full).
+    pub(crate) fn bytes(&self) -> usize {
+        self.chunks.iter().flatten().count() * CHUNK * 4 + self.chunks.len() * 8
+    }
+
+    /// Reads the whole log through `txn`: what [`crate::index::Index::open`]
+    /// starts from. The log is bounded by the fold setting, so this reads at
+    /// most that many records.
+    pub(crate) fn load(store: &Store, txn: &heed::RoTxn<'_, heed::WithoutTls>, list_bytes: usize, next_id: u32) -> Result<LogIndex> {
+        let corrupt = |detail: String| Error::Corrupt { path: store.path.clone(), detail };
+        let mut index = LogIndex::default();
+        for item in store.dbs.links0_log.iter(txn).map_err(|e| store.err(e))? {
+            let (key, value) = item.map_err(|e| store.err(e))?;
+            let epoch = key
+                .try_into()
+                .map(u64::from_be_bytes)
+                .map_err(|_| corrupt(format!("link log key of {} bytes", key.len())))?;
+            if index.values.len() >= MAX_VALUES {
+                return Err(corrupt(format!("link log holds more than {MAX_VALUES} values")));
+            }
+            let records = records(value, list_bytes).ok_or_else(|| corrupt(format!("link log value {epoch} is malformed")))?;
+            let mut ids = Vec::with_capacity(records.len());
+            for r in records {
+                let id = u32::from_le_bytes([r[0], r[1], r[2], r[3]]);
+                if id >= next_id || ids.last().is_some_and(|&last| last >= id) {
+                    return Err(corrupt(format!("link log value {epoch} names node {id} out of order or past the index")));
+                }
+                ids.push(id);
+            }
+            index = index.with_value(epoch, ids);
+        }
+        Ok(index)
+    }
+}
+
+/// Size of one record for lists of `list_bytes`.
+#[inline]
+pub(crate) fn record_bytes(list_bytes: usize) -> usize {
+    4 + list_bytes
+}
+
+/// The records of a log value, or `None` if it is not one.
+pub(crate) fn records(value: &[u8], list_bytes: usize) -> Option<std::slice::ChunksExact<'_, u8>> {
+    let count = u32::from_le_bytes(value.get(..HEADER)?.try_into().ok()?) as usize;
+    let len = count.checked_mul(record_bytes(list_bytes))?;
+    Some(value.get(HEADER..HEADER.checked_add(len)?)?.chunks_exact(record_bytes(list_bytes)))
+}
+
+/// Bytes of a log value of `count` lists of `capacity` links, at least
+/// `min_bytes` (see the module's notes).
+pub(crate) fn value_bytes(count: usize, capacity: usize, min_bytes: usize) -> usize {
+    (HEADER + count * record_bytes(crate::codec::links_bytes(capacity))).max(min_bytes)
+}
+
+/// Writes a log value from `(id, list)` pairs in ascending id order into
+/// `out`, which has room for [`value_bytes`] and is zero-filled after.
+pub(crate) fn write_value<'a>(
+    lists: impl ExactSizeIterator<Item = (u32, &'a [u32])>,
+    capacity: usize,
+    out: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    let mut list = vec![0u8; crate::codec::links_bytes(capacity)];
+    out.write_all(&(lists.len() as u32).to_le_bytes())?;
+    for (id, ids) in lists {
+        out.write_all(&id.to_le_bytes())?;
+        crate::codec::write_links(ids, &mut list);
+        out.write_all(&list)?;
+    }
+    Ok(())
+}
+
+/// The log index of every epoch a reader may still pair with.
+///
+/// A writer *stages* the version of the epoch it is about to commit before
+/// the commit, and *settles* (retires older versions) after it. A reader
+/// opens its transaction under the same lock ([`LogVersions::pair`]), so
+/// whichever epoch its state holds, that version is there, and once it
+/// holds the `Arc` no retirement can take it away.
+pub(crate) struct LogVersions {
+    versions: Mutex<Vec<(u64, Arc<LogIndex>)>>,
+}
+
+impl LogVersions {
+    pub(crate) fn new(epoch: u64, index: LogIndex) -> Self {
+        LogVersions { versions: Mutex::new(vec![(epoch, Arc::new(index))]) }
+    }
+
+    /// Runs `open` (which opens a read transaction and returns it with the
+    /// log epoch of the state it reads) and pairs it with that epoch's index.
+    pub(crate) fn pair<T>(&self, store: &Store, open: impl FnOnce() -> Result<(T, u64)>) -> Result<(T, Arc<LogIndex>)> {
+        let versions = self.versions.lock();
+        let (txn, epoch) = open()?;
+        match versions.iter().find(|(e, _)| *e == epoch) {
+            Some((_, index)) => Ok((txn, Arc::clone(index))),
+            None => Err(Error::Corrupt {
+                path: store.path.clone(),
+                detail: format!("link log epoch {epoch} is not the committed one (the file changed under the index?)"),
+            }),
+        }
+    }
+
+    /// The version of `epoch`, if still kept.
+    pub(crate) fn get(&self, epoch: u64) -> Option<Arc<LogIndex>> {
+        self.versions.lock().iter().find(|(e, _)| *e == epoch).map(|(_, i)| Arc::clone(i))
+    }
+
+    /// Makes `index` the version of `epoch`, about to be committed.
+    pub(crate) fn stage(&self, epoch: u64, index: Arc<LogIndex>) {
+        let mut versions = self.versions.lock();
+        versions.retain(|(e, _)| *e != epoch);
+        versions.push((epoch, index));
+    }
+
+    /// The commit of `epoch` failed: forget its version.
+    pub(crate) fn unstage(&self, epoch: u64) {
+        self.versions.lock().retain(|(e, _)| *e != epoch);
+    }
+
+    /// `epoch` is committed: no new reader can see an older one.
+    pub(crate) fn settle(&self, epoch: u64) {
+        self.versions.lock().retain(|(e, _)| *e >= epoch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newer_values_shadow_older_ones_and_versions_stay_apart() {
+        let v0 = LogIndex::default();
+        let v1 = v0.with_value(3, [1, 5, 2000]);
+        let v2 = v1.with_value(4, [5, 7]);
+        assert_eq!(v0.get(5), None);
+        assert_eq!(v1.get(5), Some((0, 1)));
+        assert_eq!(v2.get(5), Some((1, 0)));
+        assert_eq!(v2.get(1), Some((0, 0)));
+        assert_eq!(v2.get(2000), Some((0, 2)));
+        assert_eq!(v1.get(7), None, "an older version must not see a newer value");
+        assert_eq!(v2.records(), 5);
+        assert_eq!(v2.values(), &[3, 4]);
+        let all: Vec<_> = v2.entries().collect();
+        assert_eq!(all, vec![(1, (0, 0)), (5, (1, 0)), (7, (1, 1)), (2000, (0, 2))]);
+    }
+
+    #[test]
+    fn values_round_trip_and_pad_to_a_page() {
+        let lists: Vec<(u32, Vec<u32>)> = vec![(4, vec![1, 2, 3]), (9, vec![]), (12, vec![7; 32])];
+        let mut out = Vec::new();
+        write_value(lists.iter().map(|(id, l)| (*id, l.as_slice())), 32, &mut out).unwrap();
+        assert_eq!(value_bytes(3, 32, 4096), 4096);
+        assert_eq!(value_bytes(3, 32, 0), out.len());
+        let lb = crate::codec::links_bytes(32);
+        let recs: Vec<_> = records(&out, lb).unwrap().collect();
+        assert_eq!(recs.len(), 3);
+        for (r, (id, list)) in recs.iter().zip(&lists) {
+            assert_eq!(u32::from_le_bytes(r[..4].try_into().unwrap()), *id);
+            let mut got = Vec::new();
+            assert!(crate::codec::decode_links(&r[4..], &mut got));
+            assert_eq!(&got, list);
+        }
+        assert!(records(&out[..10], lb).is_none(), "a value cut short is not read");
+    }
+}
