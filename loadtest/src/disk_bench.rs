@@ -63,6 +63,14 @@ pub(crate) struct Args {
     /// MADV_RANDOM on the map).
     #[arg(long, default_value = "off")]
     read_ahead: OnOff,
+    /// Where batches write existing nodes' changed bottom lists: `auto`,
+    /// `always` (the link log) or `off` (as `index-bench`).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "always", "off"])]
+    link_log: String,
+    /// Lists the link log holds before a fold (the engine's default unless
+    /// given).
+    #[arg(long)]
+    log_fold_lists: Option<usize>,
     /// Modes to measure, in order.
     #[arg(long, value_delimiter = ',', default_value = "warm,cold")]
     modes: Vec<Mode>,
@@ -164,7 +172,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
     }
     let n = a.limit.unwrap_or(100_000).min(base.len() - a.inserts);
     let params = IndexParams::new(base.dim() as u32, a.metric).with_m(a.m).with_ef_construction(a.ef_construction);
-    let opts = IndexOptions { build_threads: a.threads, read_ahead: a.read_ahead == OnOff::On, ..IndexOptions::default() };
+    let link_log = crate::index_bench::link_log_setting(&a.link_log, a.log_fold_lists);
+    let opts = IndexOptions { build_threads: a.threads, read_ahead: a.read_ahead == OnOff::On, link_log, ..IndexOptions::default() };
 
     // The working directory: `--dir/shoal-disk-bench` (kept and reused by
     // name) or a temporary one.
@@ -183,7 +192,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
     let inserts = (n..n + a.inserts).map(|i| Ok((i as u64, base.f32_row(i)?))).collect::<Result<Vec<_>>>()?;
     let queries: Vec<Vec<f32>> = (0..a.queries.min(query.len())).map(|i| query.f32_row(i)).collect::<Result<_>>()?;
     let identity = json!({"base": a.base.canonicalize().unwrap_or(a.base.clone()), "vectors": n, "dim": base.dim(),
-                          "metric": a.metric.name(), "m": a.m, "ef_construction": a.ef_construction});
+                          "metric": a.metric.name(), "m": a.m, "ef_construction": a.ef_construction,
+                          "link_log": format!("{link_log:?}")});
 
     if let Some(group) = &a.child_cgroup {
         // The measurement child of the cgroup mode: the index and ground

@@ -90,13 +90,17 @@ pub(crate) struct Args {
     log_fold_lists: Option<usize>,
 }
 
-/// The engine's link log setting from `--link-log` and `--log-fold-lists`.
 fn link_log(a: &Args) -> LinkLog {
-    let fold_lists = a.log_fold_lists.unwrap_or(match LinkLog::default() {
+    link_log_setting(&a.link_log, a.log_fold_lists)
+}
+
+/// The engine's link log setting from `--link-log` and `--log-fold-lists`.
+pub(crate) fn link_log_setting(mode: &str, fold_lists: Option<usize>) -> LinkLog {
+    let fold_lists = fold_lists.unwrap_or(match LinkLog::default() {
         LinkLog::Auto { fold_lists } | LinkLog::Always { fold_lists } => fold_lists,
         LinkLog::Off => 0,
     });
-    match a.link_log.as_str() {
+    match mode {
         "off" => LinkLog::Off,
         "always" => LinkLog::Always { fold_lists },
         _ => LinkLog::Auto { fold_lists },
