@@ -141,6 +141,18 @@ fn snapshots_keep_their_own_link_log_across_appends_and_folds() {
     assert_eq!(answers(&mut fx.index.snapshot().unwrap()), before);
 }
 
+/// The points a batch upserts.
+fn upserted(batch: &Batch) -> Vec<(u64, Vec<f32>)> {
+    batch
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Upsert(p) => Some((p.id, p.vector.clone())),
+            Op::Delete(_) | Op::DeleteIfPresent(_) => None,
+        })
+        .collect()
+}
+
 /// A log left by one setting is folded by the first batch under `Off`,
 /// and nothing is lost on the way.
 #[test]
@@ -152,19 +164,13 @@ fn turning_the_link_log_off_folds_what_it_holds() {
     let mut points = Vec::new();
     for b in 0..4u64 {
         let batch = random_batch(&mut rng, dim, b * 150..(b + 1) * 150);
-        points.extend(batch.ops.iter().map(|op| match op {
-            Op::Upsert(p) => (p.id, p.vector.clone()),
-            _ => unreachable!("random_batch only upserts"),
-        }));
+        points.extend(upserted(&batch));
         fx.index.apply(batch).unwrap();
     }
     assert!(fx.index.stats().unwrap().link_log_lists > 0, "nothing was logged");
     let fx = fx.reopen(IndexOptions { link_log: LinkLog::Off, ..test_options() });
     let batch = random_batch(&mut rng, dim, 600..650);
-    points.extend(batch.ops.iter().map(|op| match op {
-        Op::Upsert(p) => (p.id, p.vector.clone()),
-        _ => unreachable!("random_batch only upserts"),
-    }));
+    points.extend(upserted(&batch));
     fx.index.apply(batch).unwrap();
     assert_eq!(fx.index.stats().unwrap().link_log_lists, 0, "the log was not folded");
     let fx = fx.reopen(test_options());
