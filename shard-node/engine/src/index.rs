@@ -79,10 +79,11 @@ pub enum LinkLog {
     /// Patch them into their blocks in every commit; a log left by an
     /// earlier setting is folded by the next batch.
     Off,
-    /// Append them to the log when that writes fewer bytes than patching
-    /// their blocks would (so a small index, whose few blocks a batch
-    /// rewrites anyway, keeps patching in place); fold once the log would
-    /// hold more than `fold_lists` lists.
+    /// Append them to the log when that, with the batch's share of the
+    /// later fold, writes fewer bytes than patching their blocks would (so
+    /// a small index, whose few blocks a batch rewrites anyway, keeps
+    /// patching in place); fold once the log would hold more than
+    /// `fold_lists` lists, or more lists than the index has nodes.
     Auto {
         /// Lists the log may hold before a batch folds it. Each is
         /// `4 + 2 + 4·M0` bytes (134 with M=16) of disk, and every reader
@@ -647,7 +648,7 @@ impl Index {
         span.record("lists", old.len() + new.len());
         let m0 = self.params.max_links(0);
         let next_epoch = epoch + 1;
-        match self.log_decision(log, &old) {
+        match self.log_decision(log, &old, first_new) {
             LogDecision::Keep => {
                 let blocks = self.patch_blocks(wtxn, first_new, &new, None)?;
                 span.record("blocks", blocks);
@@ -685,11 +686,14 @@ impl Index {
     }
 
     /// What this batch does with the changed lists of existing nodes,
-    /// `old` (ascending ids).
-    fn log_decision(&self, log: &LogIndex, old: &[(u32, &[u32])]) -> LogDecision {
+    /// `old` (ascending ids), in an index of `nodes` nodes before it.
+    fn log_decision(&self, log: &LogIndex, old: &[(u32, &[u32])], nodes: u32) -> LogDecision {
+        // The log never holds more lists than the index has nodes: past
+        // that it is larger than the blocks it shadows, and a fold (which
+        // rewrites at most every block) costs less than carrying it.
         let fold_lists = match self.opts.link_log {
             LinkLog::Off => return LogDecision::Fold,
-            LinkLog::Auto { fold_lists } | LinkLog::Always { fold_lists } => fold_lists as u64,
+            LinkLog::Auto { fold_lists } | LinkLog::Always { fold_lists } => (fold_lists as u64).min(u64::from(nodes)),
         };
         if old.is_empty() {
             return LogDecision::Keep;
@@ -703,24 +707,27 @@ impl Index {
         if matches!(self.opts.link_log, LinkLog::Always { .. }) || !log.is_empty() {
             return LogDecision::Append;
         }
-        // With an empty log, patching in place costs the blocks it touches;
-        // appending costs the records. A small index has few blocks, and a
-        // batch touches most of them either way.
-        let list_bytes = codec::links_bytes(self.params.max_links(0));
+        // With an empty log, choose by the bytes a batch costs: patching in
+        // place writes the blocks it touches; appending writes the records,
+        // plus its share of the fold that will rewrite (nearly) every block
+        // once the log holds `fold_lists` lists. A small index has few
+        // blocks and a batch touches most of them, so it keeps patching.
+        let list_bytes = codec::links_bytes(self.params.max_links(0)) as u64;
         let per_block = codec::links0_block_nodes(self.params.max_links(0)) as u32;
-        let mut blocks = 0usize;
+        let block_bytes = list_bytes * u64::from(per_block);
+        let mut touched = 0u64;
         let mut last = None;
         for (id, _) in old {
             if last != Some(id / per_block) {
-                blocks += 1;
+                touched += 1;
                 last = Some(id / per_block);
             }
         }
-        if blocks * list_bytes * per_block as usize <= old.len() * links_log::record_bytes(list_bytes) {
-            LogDecision::Fold
-        } else {
-            LogDecision::Append
-        }
+        let lists = old.len() as u64;
+        let all_blocks = u64::from(nodes.div_ceil(per_block));
+        // `fold_lists` ≥ `lists` ≥ 1 here (checked above).
+        let append = lists * links_log::record_bytes(list_bytes as usize) as u64 + all_blocks * block_bytes * lists / fold_lists;
+        if touched * block_bytes <= append { LogDecision::Fold } else { LogDecision::Append }
     }
 
     /// Patches bottom-layer lists into their blocks: `direct` (ascending
