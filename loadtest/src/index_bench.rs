@@ -96,10 +96,7 @@ fn link_log(a: &Args) -> LinkLog {
 
 /// The engine's link log setting from `--link-log` and `--log-fold-lists`.
 pub(crate) fn link_log_setting(mode: &str, fold_lists: Option<usize>) -> LinkLog {
-    let fold_lists = fold_lists.unwrap_or(match LinkLog::default() {
-        LinkLog::Auto { fold_lists } | LinkLog::Always { fold_lists } => fold_lists,
-        LinkLog::Off => 0,
-    });
+    let fold_lists = fold_lists.or(LinkLog::default().fold_lists()).unwrap_or(0);
     match mode {
         "off" => LinkLog::Off,
         "always" => LinkLog::Always { fold_lists },

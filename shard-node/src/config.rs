@@ -67,10 +67,7 @@ impl Default for EngineConfig {
             durable: d.durable,
             read_ahead: d.read_ahead,
             max_payload_bytes: d.max_payload_bytes,
-            link_log_fold_lists: match d.link_log {
-                LinkLog::Auto { fold_lists } | LinkLog::Always { fold_lists } => fold_lists,
-                LinkLog::Off => 0,
-            },
+            link_log_fold_lists: d.link_log.fold_lists().unwrap_or(0),
         }
     }
 }

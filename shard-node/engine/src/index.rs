@@ -103,6 +103,16 @@ impl Default for LinkLog {
     }
 }
 
+impl LinkLog {
+    /// Lists the log may hold before a fold; `None` for `Off`.
+    pub fn fold_lists(self) -> Option<usize> {
+        match self {
+            LinkLog::Off => None,
+            LinkLog::Auto { fold_lists } | LinkLog::Always { fold_lists } => Some(fold_lists),
+        }
+    }
+}
+
 /// Which of a search's candidates (found by walking the graph on codes)
 /// are re-scored with exact vectors. Hits and distances returned are always
 /// exact; what changes is how many candidates compete for the top `k`.
@@ -650,13 +660,13 @@ impl Index {
         let next_epoch = epoch + 1;
         match self.log_decision(log, &old, first_new) {
             LogDecision::Keep => {
-                let blocks = self.patch_blocks(wtxn, first_new, &new, None)?;
+                let blocks = self.patch_blocks(wtxn, first_new, &new, &LogIndex::default())?;
                 span.record("blocks", blocks);
                 Ok(None)
             }
             LogDecision::Append => {
                 let _s = tracing::debug_span!("append_log", lists = old.len()).entered();
-                let blocks = self.patch_blocks(wtxn, first_new, &new, None)?;
+                let blocks = self.patch_blocks(wtxn, first_new, &new, &LogIndex::default())?;
                 span.record("blocks", blocks);
                 // Written straight into the pages LMDB reserves: a batch's
                 // value is about a megabyte at 100k points.
@@ -674,7 +684,7 @@ impl Index {
                 let _s = tracing::debug_span!("fold_log", logged = log.records()).entered();
                 let mut direct = old;
                 direct.extend_from_slice(&new);
-                let blocks = self.patch_blocks(wtxn, first_new, &direct, Some(log))?;
+                let blocks = self.patch_blocks(wtxn, first_new, &direct, log)?;
                 span.record("blocks", blocks);
                 if log.is_empty() {
                     return Ok(None);
@@ -691,10 +701,8 @@ impl Index {
         // The log never holds more lists than the index has nodes: past
         // that it is larger than the blocks it shadows, and a fold (which
         // rewrites at most every block) costs less than carrying it.
-        let fold_lists = match self.opts.link_log {
-            LinkLog::Off => return LogDecision::Fold,
-            LinkLog::Auto { fold_lists } | LinkLog::Always { fold_lists } => (fold_lists as u64).min(u64::from(nodes)),
-        };
+        let Some(fold_lists) = self.opts.link_log.fold_lists() else { return LogDecision::Fold };
+        let fold_lists = (fold_lists as u64).min(u64::from(nodes));
         if old.is_empty() {
             return LogDecision::Keep;
         }
@@ -731,8 +739,8 @@ impl Index {
     }
 
     /// Patches bottom-layer lists into their blocks: `direct` (ascending
-    /// ids), and with `fold`, every list that log version holds that
-    /// `direct` does not replace. Blocks are read, patched and rewritten
+    /// ids), and every list the log version `fold` holds that `direct`
+    /// does not replace (an empty version when not folding). Blocks are read, patched and rewritten
     /// once each, in key order; blocks past the ones that existed before
     /// `first_new` are appended. Returns how many blocks were written.
     fn patch_blocks(
@@ -740,7 +748,7 @@ impl Index {
         wtxn: &mut RwTxn<'_>,
         first_new: u32,
         direct: &[(u32, &[u32])],
-        fold: Option<&LogIndex>,
+        fold: &LogIndex,
     ) -> Result<usize, Attempt> {
         // Lists are gathered a round at a time, as bytes, because the
         // logged ones are read from values of this very transaction, which
@@ -754,7 +762,7 @@ impl Index {
         let list_len = codec::links_bytes(m0);
         // Blocks that held no node before this batch do not exist yet.
         let first_unwritten_block = first_new.div_ceil(per_block);
-        let mut logged = fold.into_iter().flat_map(LogIndex::entries).peekable();
+        let mut logged = fold.entries().peekable();
         let mut direct = direct.iter().peekable();
         let mut round: Vec<u32> = Vec::with_capacity(ROUND);
         let mut bytes: Vec<u8> = Vec::with_capacity(ROUND * list_len);
@@ -765,7 +773,8 @@ impl Index {
             round.clear();
             bytes.clear();
             {
-                let mut values: Vec<Option<&[u8]>> = Vec::new();
+                // Each log value read once per round.
+                let mut values: Vec<Option<links_log::Value<'_>>> = Vec::new();
                 while round.len() < ROUND {
                     let next_logged = logged.peek().map(|(id, _)| *id);
                     let next_direct = direct.peek().map(|(id, _)| *id);
@@ -787,7 +796,17 @@ impl Index {
                         round.push(id);
                     } else {
                         let Some((id, (slot, record))) = logged.next() else { break };
-                        let list = self.logged_bytes(wtxn, fold, &mut values, slot, record, list_len)?;
+                        if values.len() <= slot {
+                            values.resize(slot + 1, None);
+                        }
+                        let value = match values[slot] {
+                            Some(v) => v,
+                            None => *values[slot].insert(links_log::Value::read(&self.store, wtxn, fold, slot, list_len)?),
+                        };
+                        let list = value.list(record).ok_or_else(|| Error::Corrupt {
+                            path: self.store.path.clone(),
+                            detail: format!("link log record {record} of node {id} is past its value"),
+                        })?;
                         bytes.extend_from_slice(list);
                         round.push(id);
                     }
@@ -823,43 +842,6 @@ impl Index {
             }
         }
         Ok(written)
-    }
-
-    /// The stored bytes of logged list `(slot, record)` of `log`, read
-    /// through `wtxn`; `values` memoises each slot's value for one round.
-    fn logged_bytes<'w>(
-        &self,
-        wtxn: &'w RwTxn<'_>,
-        log: Option<&LogIndex>,
-        values: &mut Vec<Option<&'w [u8]>>,
-        slot: usize,
-        record: usize,
-        list_len: usize,
-    ) -> Result<&'w [u8], Attempt> {
-        let corrupt = |detail: String| Attempt::Failed(Error::Corrupt { path: self.store.path.clone(), detail });
-        if values.len() <= slot {
-            values.resize(slot + 1, None);
-        }
-        let value = match values[slot] {
-            Some(v) => v,
-            None => {
-                let epoch = log.and_then(|l| l.values().get(slot).copied()).ok_or_else(|| corrupt(format!("link log slot {slot} does not exist")))?;
-                let v = self
-                    .store
-                    .dbs
-                    .links0_log
-                    .get(wtxn, &epoch.to_be_bytes())
-                    .map_err(|e| attempt(&self.store, e))?
-                    .ok_or_else(|| corrupt(format!("link log value {epoch} is missing")))?;
-                values[slot] = Some(v);
-                v
-            }
-        };
-        let record_len = links_log::record_bytes(list_len);
-        links_log::records(value, list_len)
-            .and_then(|mut r| r.nth(record))
-            .map(|r| &r[4..4 + list_len])
-            .ok_or_else(|| corrupt(format!("link log record {record} of slot {slot} is past its value ({record_len} bytes each)")))
     }
 
     fn grow_map(&self) -> Result<()> {

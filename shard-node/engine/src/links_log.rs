@@ -135,6 +135,9 @@ impl LogIndex {
                 return Err(corrupt(format!("link log holds more than {MAX_VALUES} values")));
             }
             let records = records(value, list_bytes).ok_or_else(|| corrupt(format!("link log value {epoch} is malformed")))?;
+            if records.len() > MAX_RECORDS {
+                return Err(corrupt(format!("link log value {epoch} holds more than {MAX_RECORDS} records")));
+            }
             let mut ids = Vec::with_capacity(records.len());
             for r in records {
                 let id = u32::from_le_bytes([r[0], r[1], r[2], r[3]]);
@@ -147,6 +150,61 @@ impl LogIndex {
         }
         Ok(index)
     }
+}
+
+/// One value of the log as a transaction sees it, checked to hold the
+/// whole records its count promises.
+#[derive(Clone, Copy)]
+pub(crate) struct Value<'t> {
+    records: &'t [u8],
+    list_bytes: usize,
+}
+
+impl<'t> Value<'t> {
+    /// Reads the value of slot `slot` of `log` through `txn`.
+    pub(crate) fn read(
+        store: &Store,
+        txn: &'t heed::RoTxn<'_, heed::WithoutTls>,
+        log: &LogIndex,
+        slot: usize,
+        list_bytes: usize,
+    ) -> Result<Value<'t>> {
+        let corrupt = |detail: String| Error::Corrupt { path: store.path.clone(), detail };
+        let epoch = log.values.get(slot).copied().ok_or_else(|| corrupt(format!("link log slot {slot} does not exist")))?;
+        let value = store
+            .dbs
+            .links0_log
+            .get(txn, &epoch.to_be_bytes())
+            .map_err(|e| store.err(e))?
+            .ok_or_else(|| corrupt(format!("link log value {epoch} is missing")))?;
+        let count = records(value, list_bytes).ok_or_else(|| corrupt(format!("link log value {epoch} is malformed")))?.len();
+        Ok(Value { records: &value[HEADER..HEADER + count * record_bytes(list_bytes)], list_bytes })
+    }
+
+    /// Records in the value.
+    pub(crate) fn len(&self) -> usize {
+        self.records.len() / record_bytes(self.list_bytes)
+    }
+
+    /// Where the records start (for readers that memoise the address for
+    /// the life of their transaction; see [`list_at`]).
+    pub(crate) fn start(&self) -> *const u8 {
+        self.records.as_ptr()
+    }
+
+    /// The stored list of record `record`.
+    pub(crate) fn list(&self, record: usize) -> Option<&'t [u8]> {
+        let at = record.checked_mul(record_bytes(self.list_bytes))? + 4;
+        self.records.get(at..at + self.list_bytes)
+    }
+}
+
+/// The address of record `record`'s list in a value whose records start at
+/// `start` ([`Value::start`]); the caller checks `record` against the
+/// value's length.
+#[inline]
+pub(crate) fn list_at(start: *const u8, record: usize, list_bytes: usize) -> *const u8 {
+    start.wrapping_add(record * record_bytes(list_bytes) + 4)
 }
 
 /// Size of one record for lists of `list_bytes`.

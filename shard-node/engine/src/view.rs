@@ -302,25 +302,15 @@ impl<'t> TxnView<'t> {
         if record >= count as usize {
             return Err(self.corrupt(format!("link log record {record} of node {id} is past its value ({count} records)")));
         }
-        // SAFETY: `fetch_log_value` checked that the value holds `count`
-        // whole records; the list follows the record's 4-byte id.
-        Ok(Some(unsafe { start.add(record * links_log::record_bytes(self.links0_bytes) + 4) }))
+        // `fetch_log_value` checked that the value holds `count` whole
+        // records, so the list lies inside the live transaction's value.
+        Ok(Some(links_log::list_at(start, record, self.links0_bytes)))
     }
 
     #[cold]
     fn fetch_log_value(&mut self, slot: usize) -> Result<(*const u8, u32)> {
-        let epoch = self.log.values().get(slot).copied().ok_or_else(|| self.corrupt(format!("link log slot {slot} does not exist")))?;
-        let value = self
-            .store
-            .dbs
-            .links0_log
-            .get(self.txn, &epoch.to_be_bytes())
-            .map_err(|e| self.store.err(e))?
-            .ok_or_else(|| self.corrupt(format!("link log value {epoch} is missing")))?;
-        let count = links_log::records(value, self.links0_bytes)
-            .ok_or_else(|| self.corrupt(format!("link log value {epoch} is malformed")))?
-            .len() as u32;
-        let start = value[links_log::HEADER..].as_ptr();
+        let value = links_log::Value::read(self.store, self.txn, self.log, slot, self.links0_bytes)?;
+        let (start, count) = (value.start(), value.len() as u32);
         if self.cache.log_values.len() <= slot {
             self.cache.log_values.resize(slot + 1, (RawPtr::default(), 0));
         }
@@ -350,7 +340,7 @@ impl<'t> TxnView<'t> {
             && let Some(p) = p.get()
             && record < *n as usize
         {
-            crate::hnsw::prefetch(p.wrapping_add(record * links_log::record_bytes(self.links0_bytes) + 4), self.links0_bytes);
+            crate::hnsw::prefetch(links_log::list_at(p, record, self.links0_bytes), self.links0_bytes);
         }
         true
     }
