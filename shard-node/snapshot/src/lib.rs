@@ -38,7 +38,7 @@ mod restore;
 mod store_url;
 mod upload;
 
-pub use catalog::{Listed, list_snapshots};
+pub use catalog::{CollectionSnapshot, Listed, MAX_LISTED_MISSING, list_collection_snapshots, list_snapshots, summarize};
 pub use error::{Result, SnapshotError};
 pub use layout::{new_snapshot_id, validate_id};
 pub use manifest::{ChunkRef, CompressionDoc, FORMAT, FORMAT_VERSION, Manifest, OffsetDoc, ParamsDoc};

@@ -3,6 +3,7 @@
 //! S3-compatible server when `SHOAL_TEST_S3_ENDPOINT` is set, which
 //! `ops/test.sh` always does).
 
+mod collections;
 mod common;
 mod conformance;
 mod damage;
