@@ -147,6 +147,12 @@ impl CollectionSnapshot {
         }
         Some(why.join("; "))
     }
+
+    /// Every shard with a manifest, readable or not, ascending.
+    pub(crate) fn manifest_shards(&self) -> Vec<u32> {
+        let all: BTreeSet<u32> = self.shards.iter().copied().chain(self.unreadable.iter().map(|(s, _)| *s)).collect();
+        all.into_iter().collect()
+    }
 }
 
 /// Groups listed manifests by collection and snapshot id and says of each
@@ -284,6 +290,7 @@ pub(crate) mod tests {
         assert!(s[0].unreadable[0].1.contains("format version 2"), "{:?}", s[0].unreadable);
         assert!(!s[0].complete);
         assert!(s[0].why_incomplete().unwrap().starts_with("shard 2: manifest"), "{:?}", s[0].why_incomplete());
+        assert_eq!(s[0].manifest_shards(), [0, 1, 2]);
 
         // Nothing readable: no count, no times, nothing known to be missing.
         let s = summarize(&[unreadable("b", 1)]);

@@ -1,6 +1,9 @@
 //! Collection snapshots: one manifest per shard under one id. One that a
-//! node kill interrupted is listed as incomplete.
+//! node kill interrupted is listed as incomplete, and prune deletes it once
+//! it is older than the grace period, without letting it count towards
+//! `keep_last`.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -35,12 +38,37 @@ async fn snapshot(store: &SnapshotStore, indexes: &[Arc<Index>], id: &str, shard
     out
 }
 
+/// New points in the given shards, so their next snapshot has chunks of
+/// its own.
+fn ingest(rng: &mut StdRng, indexes: &[Arc<Index>], shards: &[u32], round: u64) {
+    for &s in shards {
+        let start = 100_000 + round * 1000;
+        indexes[s as usize].apply(batch(rng, 8, start..start + 200, 100 + round).0).unwrap();
+    }
+}
+
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
 fn ids(snaps: &[CollectionSnapshot]) -> Vec<&str> {
     snaps.iter().map(|s| s.id.as_str()).collect()
+}
+
+fn pairs(v: &[(u32, &str)]) -> Vec<(u32, String)> {
+    v.iter().map(|(s, id)| (*s, id.to_string())).collect()
+}
+
+fn chunks_of<'a>(manifests: impl IntoIterator<Item = &'a Manifest>) -> HashSet<String> {
+    manifests.into_iter().flat_map(|m| &m.chunks).map(|c| c.hash.clone()).collect()
+}
+
+async fn chunk_exists(store: &SnapshotStore, hash: &str) -> bool {
+    match object_store(store).head(&chunk_key(hash)).await {
+        Ok(_) => true,
+        Err(object_store::Error::NotFound { .. }) => false,
+        Err(e) => panic!("head {hash}: {e}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,5 +116,102 @@ async fn an_interrupted_collection_snapshot_is_listed_as_incomplete() {
 
         assert!(list_collection_snapshots(&b.store, "none").await.unwrap().is_empty());
         assert!(matches!(list_collection_snapshots(&b.store, "../x").await, Err(SnapshotError::Invalid(_))));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_deletes_interrupted_collection_snapshots_after_the_grace_period() {
+    let mut rng = rng("prune_deletes_interrupted_collection_snapshots_after_the_grace_period");
+    let dir = tempfile::tempdir().unwrap();
+    let indexes = shard_indexes(&mut rng, dir.path());
+    for (round, b) in backends("prune_deletes_interrupted_collection_snapshots_after_the_grace_period").into_iter().enumerate() {
+        let round = round as u64 * 10;
+        ingest(&mut rng, &indexes, &[0, 1, 2], round);
+        let first = snapshot(&b.store, &indexes, "1-complete", &[0, 1, 2]).await;
+        ingest(&mut rng, &indexes, &[0, 1, 2], round + 1);
+        let second = snapshot(&b.store, &indexes, "2-complete", &[0, 1, 2]).await;
+        // The newest is interrupted, and has chunks of its own.
+        ingest(&mut rng, &indexes, &[0, 1], round + 2);
+        let interrupted = snapshot(&b.store, &indexes, "3-interrupted", &[0, 1]).await;
+        let only_interrupted: HashSet<String> = &chunks_of(&interrupted) - &chunks_of(first.iter().chain(&second));
+        assert!(!only_interrupted.is_empty(), "{}: the interrupted snapshot has no chunk of its own", b.name);
+
+        // Within the grace period it may still be being taken: kept, and
+        // it does not count, so both complete snapshots stay.
+        let r = prune(&b.store, "docs", None, 2, HOUR).await.unwrap();
+        assert_eq!(r.deleted_snapshots, [], "{}: {r:?}", b.name);
+        assert_eq!((ids(&r.young_incomplete), r.deleted_incomplete.len(), r.kept_snapshots), (vec!["3-interrupted"], 0, 8));
+        assert_eq!(r.young_incomplete[0].missing, [2]);
+        let listed = list_collection_snapshots(&b.store, "docs").await.unwrap();
+        assert_eq!(ids(&listed), ["1-complete", "2-complete", "3-interrupted"]);
+
+        // Past the grace period (none here): its manifests go first, its
+        // own chunks with them; the complete ones and their chunks stay.
+        let r = prune(&b.store, "docs", None, 2, Duration::ZERO).await.unwrap();
+        assert_eq!(r.deleted_snapshots, pairs(&[(0, "3-interrupted"), (1, "3-interrupted")]), "{}: {r:?}", b.name);
+        assert_eq!((ids(&r.deleted_incomplete), r.young_incomplete.len(), r.kept_snapshots), (vec!["3-interrupted"], 0, 6));
+        assert_eq!((&r.deleted_incomplete[0].shards[..], &r.deleted_incomplete[0].missing[..]), (&[0, 1][..], &[2][..]));
+        assert_eq!(r.chunk_pass_skipped, None, "{r:?}");
+        assert!(r.deleted_chunks as usize >= only_interrupted.len(), "{}: {r:?}", b.name);
+        for h in &only_interrupted {
+            assert!(!chunk_exists(&b.store, h).await, "{}: chunk {h} of the deleted snapshot is still there", b.name);
+        }
+        for h in chunks_of(first.iter().chain(&second)) {
+            assert!(chunk_exists(&b.store, &h).await, "{}: chunk {h} of a kept snapshot is gone", b.name);
+        }
+        let listed = list_collection_snapshots(&b.store, "docs").await.unwrap();
+        assert_eq!(ids(&listed), ["1-complete", "2-complete"], "{}", b.name);
+        assert!(listed.iter().all(|s| s.complete), "{listed:?}");
+
+        // keep_last counts complete snapshots, per shard.
+        let r = prune(&b.store, "docs", None, 1, Duration::ZERO).await.unwrap();
+        assert_eq!(r.deleted_snapshots, pairs(&[(0, "1-complete"), (1, "1-complete"), (2, "1-complete")]), "{r:?}");
+        assert_eq!((r.deleted_incomplete.len(), r.kept_snapshots), (0, 3));
+        let listed = list_collection_snapshots(&b.store, "docs").await.unwrap();
+        assert_eq!(ids(&listed), ["2-complete"]);
+        assert!(listed[0].complete);
+        for h in chunks_of(&second) {
+            assert!(chunk_exists(&b.store, &h).await, "{}: chunk {h} of the kept snapshot is gone", b.name);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_prune_judges_the_collection_and_deletes_only_its_shard() {
+    let mut rng = rng("a_shard_prune_judges_the_collection_and_deletes_only_its_shard");
+    let dir = tempfile::tempdir().unwrap();
+    let indexes = shard_indexes(&mut rng, dir.path());
+    for b in backends("a_shard_prune_judges_the_collection_and_deletes_only_its_shard") {
+        snapshot(&b.store, &indexes, "1-complete", &[0, 1, 2]).await;
+        snapshot(&b.store, &indexes, "2-complete", &[0, 1, 2]).await;
+        snapshot(&b.store, &indexes, "3-interrupted", &[0, 1]).await;
+
+        // The interrupted newest does not push 2-complete out of shard 0.
+        let r = prune(&b.store, "docs", Some(0), 1, HOUR).await.unwrap();
+        assert_eq!(r.deleted_snapshots, pairs(&[(0, "1-complete")]), "{}: {r:?}", b.name);
+        assert_eq!((ids(&r.young_incomplete), r.deleted_incomplete.len(), r.kept_snapshots), (vec!["3-interrupted"], 0, 2));
+
+        // Past the grace period, only shard 0's manifest of it goes.
+        let r = prune(&b.store, "docs", Some(0), 1, Duration::ZERO).await.unwrap();
+        assert_eq!(r.deleted_snapshots, pairs(&[(0, "3-interrupted")]), "{}: {r:?}", b.name);
+        assert_eq!((ids(&r.deleted_incomplete), r.kept_snapshots), (vec!["3-interrupted"], 1));
+        let listed = list_collection_snapshots(&b.store, "docs").await.unwrap();
+        let shape: Vec<_> = listed.iter().map(|s| (s.id.as_str(), s.shards.clone(), s.missing.clone(), s.complete)).collect();
+        assert_eq!(
+            shape,
+            [
+                ("1-complete", vec![1, 2], vec![0], false),
+                ("2-complete", vec![0, 1, 2], vec![], true),
+                ("3-interrupted", vec![1], vec![0, 2], false),
+            ],
+            "{}",
+            b.name
+        );
+
+        // The collection's prune then removes what is left of both.
+        let r = prune(&b.store, "docs", None, 1, Duration::ZERO).await.unwrap();
+        assert_eq!(r.deleted_snapshots, pairs(&[(1, "1-complete"), (2, "1-complete"), (1, "3-interrupted")]), "{r:?}");
+        assert_eq!((ids(&r.deleted_incomplete), r.kept_snapshots), (vec!["1-complete", "3-interrupted"], 3));
+        assert_eq!(ids(&list_collection_snapshots(&b.store, "docs").await.unwrap()), ["2-complete"]);
     }
 }
