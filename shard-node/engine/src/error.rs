@@ -69,8 +69,9 @@ pub enum Error {
         waited: std::time::Duration,
     },
 
-    /// The device is full; the batch was not committed.
-    #[error("no space left on the device holding {path}; the batch was not applied")]
+    /// The device is full; nothing was written (a batch was not committed,
+    /// an index being created was not left behind).
+    #[error("no space left on the device holding {path}; nothing was changed: free space, then retry")]
     DiskFull {
         /// Directory of the environment.
         path: PathBuf,

@@ -242,6 +242,17 @@ impl Index {
         if missing == Missing::Fail && !path.join("data.mdb").exists() {
             return Err(Error::NotFound { path: path.to_owned() });
         }
+        // A create that fails (a full disk, too many open files) leaves
+        // nothing behind; the index and its environment are closed by then.
+        let creation = store::Creation::before(path);
+        let opened = Self::open_store(path, missing, opts);
+        if opened.is_err() {
+            creation.undo();
+        }
+        opened
+    }
+
+    fn open_store(path: &Path, missing: Missing, opts: IndexOptions) -> Result<Index> {
         let store = Store::open(
             path,
             &StoreOptions {

@@ -60,6 +60,7 @@ impl Store {
     /// Opens (creating if needed) the environment in `path`.
     pub(crate) fn open(path: &Path, opts: &StoreOptions) -> Result<Store> {
         std::fs::create_dir_all(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
+        reserve_lock_file(path, opts.max_readers)?;
         let page = page_size();
         let file_len = std::fs::metadata(path.join("data.mdb")).map(|m| m.len()).unwrap_or(0);
         // Start with room for the data already there plus as much again, so
@@ -141,6 +142,105 @@ impl Store {
     /// Bytes the environment occupies on disk (the data file).
     pub(crate) fn disk_bytes(&self) -> u64 {
         std::fs::metadata(self.path.join("data.mdb")).map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+/// What opening an environment is about to create, noted before it does,
+/// so that a failed create can take it all back: the directory and its
+/// parents that do not exist yet, and LMDB's files. Nothing is noted when
+/// `data.mdb` exists: an existing index is never removed.
+pub(crate) struct Creation {
+    /// Missing directories, deepest first.
+    dirs: Vec<PathBuf>,
+    /// LMDB's files that do not exist yet.
+    files: Vec<PathBuf>,
+    /// Held until the creation succeeded or was undone: another create of
+    /// the same path in this process must not see half of it, nor remove
+    /// what it made.
+    _serial: Option<parking_lot::MutexGuard<'static, ()>>,
+}
+
+/// Serialises the creation of new environments in this process.
+static CREATING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+impl Creation {
+    /// Notes what opening `path` would create.
+    pub(crate) fn before(path: &Path) -> Creation {
+        let serial = CREATING.lock();
+        if path.join(DATA_FILE).exists() {
+            return Creation { dirs: Vec::new(), files: Vec::new(), _serial: None };
+        }
+        let dirs = path.ancestors().take_while(|d| !d.as_os_str().is_empty() && !d.exists()).map(Path::to_owned).collect();
+        let files = [DATA_FILE, LOCK_FILE].iter().map(|f| path.join(f)).filter(|f| !f.exists()).collect();
+        Creation { dirs, files, _serial: Some(serial) }
+    }
+
+    /// Removes what a failed open created. Only files it created and
+    /// directories that are empty without them go; the environment must be
+    /// closed already, or the space would stay allocated until it is.
+    pub(crate) fn undo(self) {
+        for file in &self.files {
+            match std::fs::remove_file(file) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(path = %file.display(), error = %e, "cannot remove a file of a failed create"),
+            }
+        }
+        for dir in &self.dirs {
+            // Not recursive: whatever else appeared in it stays.
+            if let Err(e) = std::fs::remove_dir(dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %dir.display(), error = %e, "cannot remove a directory of a failed create");
+            }
+        }
+    }
+}
+
+/// LMDB's data file in an environment directory.
+const DATA_FILE: &str = "data.mdb";
+/// LMDB's lock file (the reader table).
+const LOCK_FILE: &str = "lock.mdb";
+
+/// Bytes of `lock.mdb` that cover LMDB's reader table for `max_readers`
+/// readers, rounded up to whole pages. LMDB needs
+/// `(max_readers - 1) × sizeof(MDB_reader) + sizeof(MDB_txninfo)`: readers
+/// are padded to a 64-byte cache line and the header is three of them on
+/// Linux (lmdb-master-sys 0.2.6, `mdb.c`); 4096 bytes for the header is
+/// generous. A larger file only gives LMDB more reader slots: it sizes the
+/// table from the file when the file is big enough.
+fn lock_file_bytes(max_readers: u32) -> u64 {
+    round_up(4096 + 64 * u64::from(max_readers), page_size())
+}
+
+/// Allocates every block of the environment's lock file before LMDB maps
+/// it. LMDB grows the file with `ftruncate`, which leaves it sparse, and
+/// then writes its mutexes and reader slots through a shared memory map: a
+/// page the file system cannot back raises SIGBUS, which kills the process
+/// instead of failing the call. Allocated up front, a full device is an
+/// `ENOSPC` here. Holes in a file an earlier version left are filled too;
+/// blocks already allocated cost nothing, so an existing index opens on a
+/// full device.
+fn reserve_lock_file(dir: &Path, max_readers: u32) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::fd::AsRawFd;
+    let path = dir.join(LOCK_FILE);
+    let io = |source: std::io::Error| Error::Io { path: path.clone(), source };
+    // The mode LMDB creates it with (heed opens environments 0600); never
+    // truncated: another process may have the table mapped.
+    let file = std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).open(&path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len().max(lock_file_bytes(max_readers));
+    let len = libc::off_t::try_from(len).map_err(|_| io(std::io::ErrorKind::FileTooLarge.into()))?;
+    // SAFETY: `file` is an open descriptor owned by this function; the call
+    // only allocates blocks (extending the file with zeros), it never
+    // changes bytes the file holds.
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) } {
+        0 => Ok(()),
+        libc::ENOSPC => Err(Error::DiskFull { path: dir.to_owned() }),
+        // A file system that cannot allocate ahead (glibc emulates it,
+        // musl does not): carry on as LMDB would have.
+        libc::EOPNOTSUPP | libc::ENOSYS => Ok(()),
+        code => Err(io(std::io::Error::from_raw_os_error(code))),
     }
 }
 

@@ -1,5 +1,7 @@
 //! The storage layer: alignment, full disks, the crate's dependencies.
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use shoal_engine::{Error, Index, IndexOptions, IndexParams, Metric, SearchParams};
@@ -96,4 +98,84 @@ fn a_full_disk_fails_the_batch_and_keeps_every_commit() {
     }
     let hits = index.search(&random_vector(&mut rng, 128), SearchParams::new(10, 64)).unwrap();
     assert_eq!(hits.len(), 10);
+}
+
+/// Writes a plain file into `dir` until the file system refuses with
+/// ENOSPC; returns it, so that deleting it frees the space again.
+fn fill(dir: &Path) -> PathBuf {
+    let path = dir.join("filler");
+    let mut file = std::fs::File::create(&path).unwrap();
+    let chunk = vec![0x5a_u8; 64 << 10];
+    loop {
+        if let Err(e) = file.write_all(&chunk) {
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "filling {}: {e}", dir.display());
+            return path;
+        }
+    }
+}
+
+/// Bytes an unprivileged writer may still use on the file system of `path`.
+fn free_bytes(path: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: statvfs only writes into `st`, and `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0, "statvfs {}", path.display());
+    #[allow(clippy::unnecessary_cast)] // u32 on some targets
+    let free = (st.f_bavail as u64) * (st.f_frsize as u64);
+    free
+}
+
+/// Creating an index on a full disk must fail with `DiskFull`, not die of
+/// SIGBUS (LMDB grows its lock file sparsely and then writes it through a
+/// memory map), and must take back everything it made; the index that was
+/// already there keeps working.
+#[test]
+fn a_full_disk_refuses_a_new_index_and_leaves_nothing_behind() {
+    let Some((dir, _mount)) = small_filesystem(4 << 20) else { return };
+    let mut rng = rng("a_full_disk_refuses_a_new_index_and_leaves_nothing_behind");
+    let params = IndexParams::new(16, Metric::Cosine);
+    let opts = IndexOptions { initial_map_size: 16 << 20, ..test_options() };
+    let existing = dir.path().join("existing");
+    let index = Index::open_or_create(&existing, params, opts.clone()).unwrap();
+    index.apply(random_batch(&mut rng, 16, 0..200)).unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let filler = fill(dir.path());
+    let full = std::fs::metadata(&filler).unwrap().len();
+
+    // 64 readers take a lock file of two pages: with three pages free LMDB
+    // gets as far as writing its data file before the device is full.
+    let new_opts = IndexOptions { max_readers: 64, ..opts.clone() };
+    let nested = dir.path().join("a");
+    for slack in [0, 4 << 10, 12 << 10] {
+        std::fs::OpenOptions::new().write(true).open(&filler).unwrap().set_len(full - slack).unwrap();
+        let free = free_bytes(dir.path());
+        for path in [dir.path().join("new"), nested.join("b"), empty.clone()] {
+            match Index::open_or_create(&path, params, new_opts.clone()) {
+                Err(Error::DiskFull { .. }) => {}
+                Err(other) => panic!("{} with {slack} bytes free: expected DiskFull, got {other}", path.display()),
+                Ok(_) => panic!("{}: created an index with {slack} bytes free", path.display()),
+            }
+            assert_eq!(free_bytes(dir.path()), free, "{}: the refused create kept space", path.display());
+        }
+        assert!(!dir.path().join("new").exists(), "the new directory was left behind");
+        assert!(!nested.exists(), "the new parent directory was left behind");
+        let left: Vec<_> = std::fs::read_dir(&empty).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.is_empty(), "files left in the directory that existed: {left:?}");
+    }
+
+    // Many readers at once: their slots lie past the lock file's first page.
+    let query = random_vector(&mut rng, 16);
+    let mut snapshots: Vec<_> = (0..100).map(|_| index.snapshot().unwrap()).collect();
+    for s in &mut snapshots {
+        assert_eq!(s.search(&query, SearchParams::new(5, 32)).unwrap().len(), 5);
+    }
+    drop(snapshots);
+    drop(index);
+    let index = Index::open(&existing, opts).unwrap();
+    assert_eq!(index.search(&query, SearchParams::new(5, 32)).unwrap().len(), 5);
+    std::fs::remove_file(filler).unwrap();
+    index.apply(random_batch(&mut rng, 16, 200..300)).unwrap();
+    assert_eq!(index.stats().unwrap().live, 300);
 }
