@@ -77,6 +77,17 @@ pub enum Error {
         path: PathBuf,
     },
 
+    /// The process has no file descriptor left (`EMFILE`), or the system
+    /// none (`ENFILE`), to open the index's files; nothing was left behind.
+    #[error(
+        "cannot open the index at {path}: too many open files; raise the process's open-file limit \
+         (`ulimit -n`, systemd `LimitNOFILE`) or hold fewer shards on this node"
+    )]
+    OpenFileLimit {
+        /// Directory of the environment.
+        path: PathBuf,
+    },
+
     /// The index holds data that contradicts itself.
     #[error("index at {path} is corrupt: {detail}")]
     Corrupt {

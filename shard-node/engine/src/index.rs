@@ -1066,6 +1066,7 @@ impl From<Error> for Attempt {
             | Error::MapSizeLimit { .. }
             | Error::ResizeBlocked { .. }
             | Error::DiskFull { .. }
+            | Error::OpenFileLimit { .. }
             | Error::Corrupt { .. }
             | Error::IdSpaceExhausted { .. }
             | Error::Storage { .. }

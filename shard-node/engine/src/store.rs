@@ -59,7 +59,7 @@ pub(crate) struct Store {
 impl Store {
     /// Opens (creating if needed) the environment in `path`.
     pub(crate) fn open(path: &Path, opts: &StoreOptions) -> Result<Store> {
-        std::fs::create_dir_all(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
+        std::fs::create_dir_all(path).map_err(|source| io_error(path, path, source))?;
         reserve_lock_file(path, opts.max_readers)?;
         let page = page_size();
         let file_len = std::fs::metadata(path.join("data.mdb")).map(|m| m.len()).unwrap_or(0);
@@ -225,7 +225,7 @@ fn reserve_lock_file(dir: &Path, max_readers: u32) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::fd::AsRawFd;
     let path = dir.join(LOCK_FILE);
-    let io = |source: std::io::Error| Error::Io { path: path.clone(), source };
+    let io = |source: std::io::Error| io_error(dir, &path, source);
     // The mode LMDB creates it with (heed opens environments 0600); never
     // truncated: another process may have the table mapped.
     let file = std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).open(&path).map_err(io)?;
@@ -244,12 +244,26 @@ fn reserve_lock_file(dir: &Path, max_readers: u32) -> Result<()> {
     }
 }
 
-/// Maps heed errors: a full device becomes [`Error::DiskFull`], everything
-/// else keeps its source.
+/// Maps an error of a file-system call on `file` in the environment `dir`
+/// like [`storage`] maps LMDB's.
+fn io_error(dir: &Path, file: &Path, source: std::io::Error) -> Error {
+    match source.raw_os_error() {
+        Some(libc::ENOSPC) => Error::DiskFull { path: dir.to_owned() },
+        Some(libc::EMFILE | libc::ENFILE) => Error::OpenFileLimit { path: dir.to_owned() },
+        _ => Error::Io { path: file.to_owned(), source },
+    }
+}
+
+/// Maps heed errors: a full device becomes [`Error::DiskFull`], running
+/// out of file descriptors (opening the environment)
+/// [`Error::OpenFileLimit`], everything else keeps its source.
 pub(crate) fn storage(path: &Path, e: heed::Error) -> Error {
     match &e {
         heed::Error::Io(io) if io.raw_os_error() == Some(libc::ENOSPC) => {
             Error::DiskFull { path: path.to_owned() }
+        }
+        heed::Error::Io(io) if matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+            Error::OpenFileLimit { path: path.to_owned() }
         }
         // LMDB reports a short write (the device filled up part-way through
         // a commit's pages) as EIO; say what really happened.
@@ -291,4 +305,25 @@ pub(crate) fn page_size() -> u64 {
 
 fn round_up(v: u64, to: u64) -> u64 {
     v.div_ceil(to).saturating_mul(to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both "too many open files" errors, the process's and the system's,
+    /// from LMDB or from the engine's own calls, say so.
+    #[test]
+    fn running_out_of_descriptors_is_an_open_file_limit() {
+        let dir = Path::new("/shards/7");
+        for code in [libc::EMFILE, libc::ENFILE] {
+            let from_lmdb = storage(dir, heed::Error::Io(std::io::Error::from_raw_os_error(code)));
+            assert!(matches!(&from_lmdb, Error::OpenFileLimit { path } if path == dir), "{code}: {from_lmdb:?}");
+            let own = io_error(dir, &dir.join(LOCK_FILE), std::io::Error::from_raw_os_error(code));
+            assert!(matches!(&own, Error::OpenFileLimit { path } if path == dir), "{code}: {own:?}");
+            assert!(own.to_string().contains("open-file limit"), "{own}");
+        }
+        let other = io_error(dir, &dir.join(LOCK_FILE), std::io::Error::from_raw_os_error(libc::EACCES));
+        assert!(matches!(&other, Error::Io { path, .. } if path.ends_with(LOCK_FILE)), "{other:?}");
+    }
 }

@@ -179,3 +179,83 @@ fn a_full_disk_refuses_a_new_index_and_leaves_nothing_behind() {
     index.apply(random_batch(&mut rng, 16, 200..300)).unwrap();
     assert_eq!(index.stats().unwrap().live, 300);
 }
+
+/// Names the child process of `too_many_open_files_is_its_own_error`
+/// (the directory it works in).
+const OPEN_FILE_LIMIT_CHILD: &str = "SHOAL_TEST_OPEN_FILE_LIMIT_CHILD";
+
+/// Opening an index without a file descriptor to spare fails with
+/// `OpenFileLimit` and leaves nothing behind, whichever of its files could
+/// not be opened. It runs in a child process with a low limit: the tests
+/// of this process run in threads that share the limit.
+#[test]
+fn too_many_open_files_is_its_own_error() {
+    if let Some(dir) = std::env::var_os(OPEN_FILE_LIMIT_CHILD) {
+        open_file_limit_child(Path::new(&dir));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "storage::too_many_open_files_is_its_own_error", "--nocapture", "--test-threads=1"])
+        .env(OPEN_FILE_LIMIT_CHILD, dir.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "child failed ({}):\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains("open-file-limit child: done"), "the child ran no test:\n{stdout}\n{stderr}");
+}
+
+fn open_file_limit_child(dir: &Path) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write `limit`.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+    limit.rlim_cur = limit.rlim_cur.min(128);
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+
+    let params = IndexParams::new(4, Metric::Euclidean);
+    let opts = IndexOptions { build_threads: 1, ..test_options() };
+    let existing = dir.join("existing");
+    Index::open_or_create(&existing, params, opts.clone())
+        .unwrap()
+        .apply(shoal_engine::Batch::upserts([(1, vec![1.0, 0.0, 0.0, 0.0])]))
+        .unwrap();
+    let mut held = Vec::new();
+    loop {
+        match std::fs::File::open("/dev/null") {
+            Ok(f) => held.push(f),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e}");
+                break;
+            }
+        }
+    }
+    // An existing index is refused, and kept.
+    match Index::open(&existing, opts.clone()) {
+        Err(Error::OpenFileLimit { .. }) => {}
+        Err(other) => panic!("expected OpenFileLimit, got {other}"),
+        Ok(_) => panic!("opened an index without a descriptor to spare"),
+    }
+    assert!(existing.join("data.mdb").exists(), "the existing index was removed");
+    // With one more descriptor to spare each time, a new index fails at a
+    // later file (the engine's own open of the lock file, then LMDB's),
+    // until it has enough.
+    let mut refused = 0;
+    let created = loop {
+        let path = dir.join(format!("new-{refused}"));
+        match Index::open_or_create(&path, params, opts.clone()) {
+            Ok(index) => break index,
+            Err(Error::OpenFileLimit { .. }) => {
+                assert!(!path.exists(), "{} was left behind", path.display());
+                refused += 1;
+            }
+            Err(other) => panic!("{refused} spare descriptors: expected OpenFileLimit, got {other}"),
+        }
+        assert!(held.pop().is_some() && refused < 10, "still refused with {refused} descriptors to spare");
+    };
+    assert!(refused >= 3, "only {refused} opens were refused: the engine's and LMDB's files were not all tried");
+    drop(created);
+    drop(held);
+    let index = Index::open(&existing, opts).unwrap();
+    assert_eq!(index.search(&[1.0, 0.0, 0.0, 0.0], SearchParams::new(1, 8)).unwrap()[0].id, 1);
+    println!("open-file-limit child: done ({refused} refused)");
+}
