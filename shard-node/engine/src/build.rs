@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::links_log::LogIndex;
 use crate::hnsw::{Scored, Scratch, greedy_closest, prefetch_codes, search_layer, select_neighbours};
 use crate::params::IndexParams;
+use crate::stop::Stop;
 use crate::store::Store;
 use crate::quant::{Code, Precision, Walk};
 use crate::view::{Frozen, Graph, NodeCache, TxnView};
@@ -383,8 +384,10 @@ impl BuildCtx<'_> {
         let walk = Walk::coarse(metric);
         let full = Walk::full(metric);
         let mut best = Scored { dist: walk.distance(query, view.code(entry_id)?), id: entry_id };
+        // Linking a batch is never stopped half-way.
+        let never = Stop::never();
         for l in (level.saturating_add(1)..=top).rev() {
-            best = greedy_closest(view, &mut w.scratch, walk, query, best, l)?;
+            best = greedy_closest(view, &mut w.scratch, walk, query, best, l, &never)?;
         }
         // Never longer than the live point count: with mostly tombstones,
         // a longer list could only be filled by visiting every node.
@@ -393,14 +396,14 @@ impl BuildCtx<'_> {
         w.entry.push(best);
         w.back.clear();
         for l in (0..=level.min(top)).rev() {
-            search_layer(view, &mut w.scratch, walk, query, &w.entry, ef, l, self.has_tombstones, &mut w.found)?;
+            search_layer(view, &mut w.scratch, walk, query, &w.entry, ef, l, self.has_tombstones, &mut w.found, &never)?;
             w.found.retain(|s| s.id != node);
             if w.found.is_empty() && self.has_tombstones {
                 // Every node this search reached is retired: link to them
                 // anyway (as hnswlib links to a deleted entry point), or the
                 // new node would be unreachable. Pruning drops those links
                 // later, once live neighbours exist.
-                search_layer(view, &mut w.scratch, walk, query, &w.entry, ef, l, false, &mut w.found)?;
+                search_layer(view, &mut w.scratch, walk, query, &w.entry, ef, l, false, &mut w.found, &never)?;
                 w.found.retain(|s| s.id != node);
             }
             // Re-score the candidates in full: links are chosen (and later

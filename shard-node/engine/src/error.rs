@@ -88,6 +88,14 @@ pub enum Error {
         path: PathBuf,
     },
 
+    /// A search gave up before it finished: its [`crate::Stop`] deadline
+    /// passed, or its caller cancelled it. Nothing was returned.
+    #[error("search stopped: {}", if *deadline_passed { "its deadline passed" } else { "the caller cancelled it" })]
+    Stopped {
+        /// True if the deadline passed, false if the caller's flag was set.
+        deadline_passed: bool,
+    },
+
     /// The index holds data that contradicts itself.
     #[error("index at {path} is corrupt: {detail}")]
     Corrupt {

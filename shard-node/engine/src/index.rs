@@ -18,6 +18,7 @@ use crate::links_log::{self, LogIndex, LogVersions};
 use crate::params::IndexParams;
 use crate::plan::{self, Plan};
 use crate::session::{self, Hit, SearchParams, Session, StoredPoint};
+use crate::stop::Stop;
 use crate::store::{self, Store, StoreOptions};
 use crate::view::Frozen;
 
@@ -884,11 +885,17 @@ impl Index {
 
     /// The `k` nearest live points to `query`.
     pub fn search(&self, query: &[f32], params: SearchParams) -> Result<Vec<Hit>> {
+        self.search_until(query, params, &Stop::never())
+    }
+
+    /// As [`Index::search`], but gives up with [`Error::Stopped`] once
+    /// `stop` says so (a deadline passed, the caller went away).
+    pub fn search_until(&self, query: &[f32], params: SearchParams, stop: &Stop) -> Result<Vec<Hit>> {
         params.validate()?;
         let query = session::prepare_query(&self.params, query)?;
         let shared = self.resize.read();
         let mut s = self.take_session()?;
-        let result = s.search(&self.store, &shared, &self.params, &query, params, self.opts.rescore);
+        let result = s.search(&self.store, &shared, &self.params, &query, params, self.opts.rescore, stop);
         self.return_session(s);
         result
     }
@@ -970,9 +977,15 @@ pub struct Snapshot<'i> {
 impl Snapshot<'_> {
     /// The `k` nearest live points, as of this snapshot.
     pub fn search(&mut self, query: &[f32], params: SearchParams) -> Result<Vec<Hit>> {
+        self.search_until(query, params, &Stop::never())
+    }
+
+    /// As [`Snapshot::search`], but gives up with [`Error::Stopped`] once
+    /// `stop` says so.
+    pub fn search_until(&mut self, query: &[f32], params: SearchParams, stop: &Stop) -> Result<Vec<Hit>> {
         params.validate()?;
         let query = session::prepare_query(&self.index.params, query)?;
-        self.session.search(&self.index.store, &self.shared, &self.index.params, &query, params, self.index.opts.rescore)
+        self.session.search(&self.index.store, &self.shared, &self.index.params, &query, params, self.index.opts.rescore, stop)
     }
 
     /// The live point with external id `id`, as of this snapshot.
@@ -1067,6 +1080,7 @@ impl From<Error> for Attempt {
             | Error::ResizeBlocked { .. }
             | Error::DiskFull { .. }
             | Error::OpenFileLimit { .. }
+            | Error::Stopped { .. }
             | Error::Corrupt { .. }
             | Error::IdSpaceExhausted { .. }
             | Error::Storage { .. }

@@ -40,6 +40,7 @@ mod params;
 mod plan;
 mod quant;
 mod session;
+mod stop;
 mod store;
 mod view;
 
@@ -50,3 +51,4 @@ pub use index::{Index, IndexOptions, IndexStats, LinkLog, Rescore, Snapshot};
 pub use metric::{Metric, VectorError};
 pub use params::{IndexParams, MAX_DIM};
 pub use session::{Hit, MAX_EF, MAX_K, SearchParams, StoredPoint};
+pub use stop::Stop;

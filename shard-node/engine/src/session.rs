@@ -11,6 +11,7 @@ use crate::index::Rescore;
 use crate::links_log::{LogIndex, LogVersions};
 use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer};
 use crate::params::IndexParams;
+use crate::stop::Stop;
 use crate::store::Store;
 use crate::cache::SharedAddrs;
 use crate::quant::{OwnedCode, Walk};
@@ -114,7 +115,9 @@ impl Session {
         unsafe { TxnView::new(&self.txn, store, &mut self.cache, Some(frozen), &self.log, params) }
     }
 
-    /// Searches with a prepared (validated, normalised) query.
+    /// Searches with a prepared (validated, normalised) query, until done
+    /// or `stop` says so.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn search(
         &mut self,
         store: &Store,
@@ -123,7 +126,9 @@ impl Session {
         query: &[f32],
         sp: SearchParams,
         rescore: Rescore,
+        stop: &Stop,
     ) -> Result<Vec<Hit>> {
+        stop.check()?;
         let Some((entry, top)) = self.state.entry.filter(|_| self.state.live > 0) else {
             return Ok(Vec::new());
         };
@@ -146,24 +151,31 @@ impl Session {
         let walk = Walk::full(metric);
         let mut best = Scored { dist: walk.distance(qc, view.code(entry)?), id: entry };
         for l in (1..=top).rev() {
-            best = greedy_closest(&mut view, scratch, walk, qc, best, l)?;
+            best = greedy_closest(&mut view, scratch, walk, qc, best, l, stop)?;
         }
-        search_layer(&mut view, scratch, walk, qc, &[best], ef, 0, skip, found)?;
+        search_layer(&mut view, scratch, walk, qc, &[best], ef, 0, skip, found, stop)?;
         // The walk ranked candidates by their codes; re-score the best ones
-        // with the exact vectors, so results and distances are exact.
+        // with the exact vectors, so results and distances are exact. Each
+        // may be a page read on a cold cache: keep looking at `stop`.
         found.truncate(rescore.count(sp.k, found.len()));
+        stop.check()?;
+        let mut pacer = stop.pacer();
         for s in found.iter_mut() {
+            pacer.step()?;
             s.dist = metric.distance(query, view.vector(s.id)?);
         }
         found.sort_unstable();
         found.truncate(sp.k);
         let mut hits = Vec::with_capacity(found.len());
         for s in found.iter() {
+            pacer.step()?;
             let record = view.node(s.id)?;
             hits.push(Hit { id: record.external, distance: metric.reported(s.dist), payload: None });
         }
         if sp.with_payload {
+            stop.check()?;
             for (hit, s) in hits.iter_mut().zip(found.iter()) {
+                pacer.step()?;
                 hit.payload = payload(store, txn, s.id)?;
             }
         }

@@ -6,6 +6,7 @@ use std::collections::BinaryHeap;
 use crate::cache::Visited;
 use crate::error::Result;
 use crate::quant::{Code, Walk};
+use crate::stop::Stop;
 use crate::view::Graph;
 
 /// A node and its distance to the current query.
@@ -75,9 +76,12 @@ pub(crate) fn greedy_closest<'g, G: Graph<'g>>(
     query: Code<'_>,
     mut best: Scored,
     level: u8,
+    stop: &Stop,
 ) -> Result<Scored> {
     let code_bytes = walk.bytes(query.dim());
+    let mut pacer = stop.pacer();
     loop {
+        pacer.step()?;
         let mut moved = false;
         graph.links(best.id, level, &mut scratch.links)?;
         prefetch_codes(graph, &scratch.links, code_bytes)?;
@@ -98,7 +102,8 @@ pub(crate) fn greedy_closest<'g, G: Graph<'g>>(
 /// Best-first search of one layer from `entry` with a candidate list of
 /// length `ef` (the paper's algorithm 2). Tombstones are traversed, since
 /// they still route, but never returned. Results go to `out`, closest
-/// first, at most `ef` of them.
+/// first, at most `ef` of them. Gives up with [`crate::Error::Stopped`]
+/// when `stop` says so (checked every few expansions).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn search_layer<'g, G: Graph<'g>>(
     graph: &mut G,
@@ -110,6 +115,7 @@ pub(crate) fn search_layer<'g, G: Graph<'g>>(
     level: u8,
     skip_tombstones: bool,
     out: &mut Vec<Scored>,
+    stop: &Stop,
 ) -> Result<()> {
     let Scratch { visited, candidates, results, links, fresh: Fresh(fresh) } = scratch;
     visited.reset();
@@ -130,11 +136,13 @@ pub(crate) fn search_layer<'g, G: Graph<'g>>(
     let mut bound = if results.len() >= ef { results.peek().map_or(f32::INFINITY, |r| r.dist) } else { f32::INFINITY };
     let dim = query.dim();
     let code_bytes = walk.bytes(dim);
+    let mut pacer = stop.pacer();
 
     while let Some(Reverse(c)) = candidates.pop() {
         if c.dist > bound && results.len() >= ef {
             break;
         }
+        pacer.step()?;
         // The next candidate's links are needed right after this one's
         // distances: start loading them now (as hnswlib does).
         if let Some(Reverse(next)) = candidates.peek() {

@@ -7,5 +7,6 @@ mod common;
 mod concurrency;
 mod copy;
 mod model;
+mod stop;
 mod storage;
 mod transactions;
