@@ -69,12 +69,20 @@ impl Batch {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BatchOutcome {
     /// The batch was committed.
+    ///
+    /// The counts are of distinct ids, each in at most one of them, by
+    /// what the batch did to the id: compare the id before the batch (as
+    /// the index, or the earlier batches of the same group, left it) with
+    /// the id after it. An id upserted and then deleted within the batch
+    /// that held no point before it counts in none: nothing changed.
     Applied {
-        /// Upserts it carried.
+        /// Ids the batch leaves holding one of its points: the last upsert
+        /// of an id in a batch wins; each id counts once.
         upserted: usize,
-        /// Deletes that removed a point.
+        /// Ids that held a point before the batch and hold none after it.
         deleted: usize,
-        /// `DeleteIfPresent` operations whose id did not exist.
+        /// Ids that a `DeleteIfPresent` found without a point, which held
+        /// none before the batch and hold none after it.
         missing: usize,
     },
     /// The batch's offset was not above the stored one: it was applied

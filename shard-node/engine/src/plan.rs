@@ -8,7 +8,7 @@
 //! to add. A batch that fails either step is rejected whole and leaves no
 //! trace; the other batches of a group commit still go ahead.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::batch::{Batch, BatchOutcome, MAX_SOURCE_BYTES, Op};
 use crate::error::{InvalidInput, Location, Result};
@@ -83,6 +83,28 @@ enum Fate {
     Deleted,
 }
 
+/// True if `id` held a point before the batch being resolved: as earlier
+/// batches of the group left it, else as the index holds it.
+fn held_before(
+    id: u64,
+    fate: &FxHashMap<u64, Fate>,
+    known: &mut FxHashMap<u64, Option<u32>>,
+    lookup: &mut impl FnMut(u64) -> Result<Option<u32>>,
+) -> Result<bool> {
+    Ok(match fate.get(&id) {
+        Some(Fate::Upsert { .. }) => true,
+        Some(Fate::Deleted) => false,
+        None => match known.get(&id) {
+            Some(internal) => internal.is_some(),
+            None => {
+                let internal = lookup(id)?;
+                known.insert(id, internal);
+                internal.is_some()
+            }
+        },
+    })
+}
+
 /// Resolves prepared batches against the index. `checked[i]` is the result
 /// of [`prepare`] for batch `i`; `lookup` maps an external id to its live
 /// internal id; `stored_offset` reads a source's highest applied offset.
@@ -115,31 +137,27 @@ pub(crate) fn resolve<'b>(
         // Apply the batch to a local journal first, so that a rejected
         // batch leaves the group's state untouched.
         let mut local: FxHashMap<u64, Fate> = FxHashMap::default();
-        let (mut upserted, mut deleted, mut missing) = (0, 0, 0);
+        // Ids a `DeleteIfPresent` found without a point.
+        let mut found_absent: FxHashSet<u64> = FxHashSet::default();
         let mut rejected = None;
         for (op, o) in batch.ops.iter().enumerate() {
             match o {
                 Op::Upsert(p) => {
                     local.insert(p.id, Fate::Upsert { batch: b, op });
-                    upserted += 1;
                 }
                 Op::Delete(id) | Op::DeleteIfPresent(id) => {
-                    let exists = match local.get(id).or_else(|| fate.get(id)) {
+                    let exists = match local.get(id) {
                         Some(Fate::Upsert { .. }) => true,
                         Some(Fate::Deleted) => false,
-                        None => {
-                            if !known.contains_key(id) {
-                                known.insert(*id, lookup(*id)?);
-                            }
-                            known[id].is_some()
-                        }
+                        None => held_before(*id, &fate, &mut known, &mut lookup)?,
                     };
                     match (exists, o) {
                         (true, _) => {
                             local.insert(*id, Fate::Deleted);
-                            deleted += 1;
                         }
-                        (false, Op::DeleteIfPresent(_)) => missing += 1,
+                        (false, Op::DeleteIfPresent(_)) => {
+                            found_absent.insert(*id);
+                        }
                         (false, _) => {
                             rejected = Some(InvalidInput::UnknownId { op, id: *id });
                             break;
@@ -151,6 +169,23 @@ pub(crate) fn resolve<'b>(
         if let Some(e) = rejected {
             outcomes.push(Err(e));
             continue;
+        }
+        // Each id counts once, by what the batch did to it (the rule is
+        // documented on `BatchOutcome::Applied`).
+        let (mut upserted, mut deleted, mut missing) = (0, 0, 0);
+        for (id, f) in &local {
+            match f {
+                Fate::Upsert { .. } => upserted += 1,
+                Fate::Deleted if held_before(*id, &fate, &mut known, &mut lookup)? => deleted += 1,
+                Fate::Deleted => {}
+            }
+        }
+        for id in &found_absent {
+            if local.get(id).is_none_or(|f| matches!(f, Fate::Deleted))
+                && !held_before(*id, &fate, &mut known, &mut lookup)?
+            {
+                missing += 1;
+            }
         }
         fate.extend(local);
         if let Some(s) = &batch.source {
@@ -226,7 +261,8 @@ mod tests {
         assert_eq!(ids, vec![3, 1], "id 1's last upsert (op 4) comes after id 3's (op 3)");
         assert_eq!(plan.tombstones, vec![30]);
         assert!(plan.removed.is_empty(), "id 2 never existed outside the batch");
-        assert_eq!(plan.outcomes, vec![Ok(BatchOutcome::Applied { upserted: 4, deleted: 1, missing: 0 })]);
+        // 1 and 3 are left upserted; 2 existed only inside the batch.
+        assert_eq!(plan.outcomes, vec![Ok(BatchOutcome::Applied { upserted: 2, deleted: 0, missing: 0 })]);
     }
 
     #[test]
@@ -247,9 +283,64 @@ mod tests {
     fn deletes_if_present_count_what_was_missing() {
         let batches = [Batch { ops: vec![Op::DeleteIfPresent(7), Op::DeleteIfPresent(8), up(9), Op::DeleteIfPresent(9)], source: None }];
         let plan = run(&batches, &[(7, 70)], &[]);
-        assert_eq!(plan.outcomes, vec![Ok(BatchOutcome::Applied { upserted: 1, deleted: 2, missing: 1 })]);
+        // 9 was upserted and deleted by the batch: neither counts.
+        assert_eq!(plan.outcomes, vec![Ok(BatchOutcome::Applied { upserted: 0, deleted: 1, missing: 1 })]);
         assert_eq!(plan.tombstones, vec![70]);
         assert!(plan.inserts.is_empty());
+    }
+
+    /// Each id counts once, in the one count that says what the batch did
+    /// to it, however often the batch names it.
+    #[test]
+    fn repeated_ids_count_once_by_what_the_batch_did_to_them() {
+        let applied = |upserted, deleted, missing| Ok(BatchOutcome::Applied { upserted, deleted, missing });
+        let existing = [(1, 10), (2, 20), (3, 30), (4, 40)];
+        let cases: Vec<(Vec<Op>, Result<BatchOutcome, InvalidInput>)> = vec![
+            // The last upsert wins: one point.
+            (vec![up(7), up(7), up(7)], applied(1, 0, 0)),
+            (vec![up(1), up(1)], applied(1, 0, 0)),
+            // Replaced after a delete: the id still holds a point.
+            (vec![Op::Delete(1), up(1)], applied(1, 0, 0)),
+            // Upserted, then deleted: an existing point is gone...
+            (vec![up(1), Op::Delete(1)], applied(0, 1, 0)),
+            // ...a point that lived only in the batch changes nothing.
+            (vec![up(7), Op::Delete(7)], applied(0, 0, 0)),
+            (vec![up(7), Op::DeleteIfPresent(7)], applied(0, 0, 0)),
+            // Deleted twice, the second time finding nothing: one delete.
+            (vec![Op::DeleteIfPresent(2), Op::DeleteIfPresent(2)], applied(0, 1, 0)),
+            (vec![Op::Delete(2), Op::DeleteIfPresent(2)], applied(0, 1, 0)),
+            // A strict delete of what the batch already deleted is refused.
+            (vec![Op::Delete(2), Op::Delete(2)], Err(InvalidInput::UnknownId { op: 1, id: 2 })),
+            // Missing twice: one missing id.
+            (vec![Op::DeleteIfPresent(8), Op::DeleteIfPresent(8)], applied(0, 0, 1)),
+            (vec![Op::DeleteIfPresent(8), up(8), Op::Delete(8)], applied(0, 0, 1)),
+            (vec![Op::DeleteIfPresent(8), up(8)], applied(1, 0, 0)),
+            (vec![up(1), up(7), Op::Delete(2), Op::DeleteIfPresent(3), Op::DeleteIfPresent(8), up(1), up(3), Op::Delete(4)], applied(3, 2, 1)),
+        ];
+        for (ops, want) in cases {
+            let batches = [Batch { ops: ops.clone(), source: None }];
+            assert_eq!(run(&batches, &existing, &[]).outcomes, vec![want], "{ops:?}");
+        }
+    }
+
+    /// "Before the batch" is as the group's earlier batches left the id.
+    #[test]
+    fn counts_start_from_the_earlier_batches_of_the_group() {
+        let batches = [
+            Batch { ops: vec![Op::Delete(1), up(7)], source: None },
+            Batch { ops: vec![Op::DeleteIfPresent(1), Op::DeleteIfPresent(7), up(1)], source: None },
+            Batch { ops: vec![up(1), Op::DeleteIfPresent(1)], source: None },
+        ];
+        let plan = run(&batches, &[(1, 10)], &[]);
+        assert_eq!(
+            plan.outcomes,
+            vec![
+                Ok(BatchOutcome::Applied { upserted: 1, deleted: 1, missing: 0 }),
+                // 1 was already gone, and comes back; 7 existed since batch 0.
+                Ok(BatchOutcome::Applied { upserted: 1, deleted: 1, missing: 0 }),
+                Ok(BatchOutcome::Applied { upserted: 0, deleted: 1, missing: 0 }),
+            ]
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ type History = Vec<(Vec<ModelOp>, Option<u64>)>;
 enum ModelOp {
     Upsert(u64, Vec<f32>, bool),
     Delete(u64),
+    DeleteIfPresent(u64),
 }
 
 fn vector() -> impl Strategy<Value = Vec<f32>> {
@@ -29,6 +30,7 @@ fn op() -> impl Strategy<Value = ModelOp> {
     prop_oneof![
         4 => (0..IDS, vector(), any::<bool>()).prop_map(|(id, v, p)| ModelOp::Upsert(id, v, p)),
         1 => (0..IDS).prop_map(ModelOp::Delete),
+        1 => (0..IDS).prop_map(ModelOp::DeleteIfPresent),
     ]
 }
 
@@ -50,26 +52,42 @@ fn predict(
         return Ok(BatchOutcome::Skipped { current: cur });
     }
     let mut next = points.clone();
-    let (mut upserted, mut deleted) = (0, 0);
+    // Each id counts once, by its state before and after the batch: left
+    // holding one of the batch's points, gone, or absent throughout after
+    // a DeleteIfPresent found nothing.
+    let mut named = BTreeMap::new();
     for (i, op) in ops.iter().enumerate() {
         match op {
             ModelOp::Upsert(id, v, p) => {
                 next.insert(*id, (v.clone(), p.then(|| id.to_le_bytes().to_vec())));
-                upserted += 1;
+                named.entry(*id).or_insert(false);
             }
             ModelOp::Delete(id) => {
                 if next.remove(id).is_none() {
                     return Err(InvalidInput::UnknownId { op: i, id: *id });
                 }
-                deleted += 1;
+                named.entry(*id).or_insert(false);
             }
+            ModelOp::DeleteIfPresent(id) => {
+                let found_absent = next.remove(id).is_none();
+                *named.entry(*id).or_insert(false) |= found_absent;
+            }
+        }
+    }
+    let (mut upserted, mut deleted, mut missing) = (0, 0, 0);
+    for (id, found_absent) in named {
+        match (points.contains_key(&id), next.contains_key(&id)) {
+            (_, true) => upserted += 1,
+            (true, false) => deleted += 1,
+            (false, false) if found_absent => missing += 1,
+            (false, false) => {}
         }
     }
     *points = next;
     if batch_offset.is_some() {
         *offset = batch_offset;
     }
-    Ok(BatchOutcome::Applied { upserted, deleted, missing: 0 })
+    Ok(BatchOutcome::Applied { upserted, deleted, missing })
 }
 
 fn to_batch(ops: &[ModelOp], offset: Option<u64>) -> Batch {
@@ -81,6 +99,7 @@ fn to_batch(ops: &[ModelOp], offset: Option<u64>) -> Batch {
                     Op::Upsert(Point { id: *id, vector: v.clone(), payload: p.then(|| id.to_le_bytes().to_vec()) })
                 }
                 ModelOp::Delete(id) => Op::Delete(*id),
+                ModelOp::DeleteIfPresent(id) => Op::DeleteIfPresent(*id),
             })
             .collect(),
         source: None,
@@ -102,7 +121,7 @@ fn widen(history: History, queries: Vec<Vec<f32>>, times: usize) -> (History, Ve
                 .into_iter()
                 .map(|op| match op {
                     ModelOp::Upsert(id, v, p) => ModelOp::Upsert(id, v.repeat(times), p),
-                    other => other,
+                    other @ (ModelOp::Delete(_) | ModelOp::DeleteIfPresent(_)) => other,
                 })
                 .collect();
             (ops, o)
