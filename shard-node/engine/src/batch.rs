@@ -30,7 +30,8 @@ pub struct SourceOffset {
     /// The job's input stream (for example a file name or a topic
     /// partition); 1 to [`MAX_SOURCE_BYTES`] bytes.
     pub source: String,
-    /// Position of the batch in that stream; must grow from batch to batch.
+    /// Position of the batch in that stream; must grow from batch to batch,
+    /// and stay below `u64::MAX` (reserved: nothing could follow it).
     pub offset: u64,
 }
 

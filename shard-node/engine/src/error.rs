@@ -202,6 +202,13 @@ pub enum InvalidInput {
         /// The limit.
         max: usize,
     },
+    /// A source offset of `u64::MAX`: offsets must grow, so a source that
+    /// reached it could never apply another batch.
+    #[error("offset {offset} is reserved: offsets must be below 2^64-1")]
+    OffsetOutOfRange {
+        /// The offset the batch carried.
+        offset: u64,
+    },
     /// A search asked for zero results or an absurd number.
     #[error("k must be between 1 and {max}, got {k}")]
     BadK {

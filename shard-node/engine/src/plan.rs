@@ -27,6 +27,13 @@ pub(crate) fn prepare(batch: &mut Batch, params: &IndexParams, max_payload: usiz
     {
         return Err(InvalidInput::BadSourceName { len: s.source.len(), max: MAX_SOURCE_BYTES });
     }
+    // Accepted, the highest offset would be the last: no later batch of
+    // the source could ever be above it.
+    if let Some(s) = &batch.source
+        && s.offset == u64::MAX
+    {
+        return Err(InvalidInput::OffsetOutOfRange { offset: s.offset });
+    }
     for (op, o) in batch.ops.iter().enumerate() {
         if let Op::Upsert(p) = o {
             params
@@ -372,6 +379,10 @@ mod tests {
         assert_eq!(prepare(&mut big, &params, 10), Err(InvalidInput::PayloadTooLarge { op: 0, len: 11, max: 10 }));
         let mut named = Batch::upserts([(1, vec![1.0, 1.0])]).with_source("", 1);
         assert!(matches!(prepare(&mut named, &params, 10), Err(InvalidInput::BadSourceName { len: 0, .. })));
+        for mut last in [Batch::upserts([(1, vec![1.0, 1.0])]).with_source("job", u64::MAX), Batch::default().with_source("job", u64::MAX)] {
+            assert_eq!(prepare(&mut last, &params, 10), Err(InvalidInput::OffsetOutOfRange { offset: u64::MAX }));
+        }
+        assert_eq!(prepare(&mut Batch::default().with_source("job", u64::MAX - 1), &params, 10), Ok(()));
         let mut ok = Batch::upserts([(1, vec![3.0, 4.0])]);
         prepare(&mut ok, &params, 10).unwrap();
         let Op::Upsert(p) = &ok.ops[0] else { unreachable!() };

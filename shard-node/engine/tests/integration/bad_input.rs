@@ -66,6 +66,21 @@ fn a_batch_without_operations_records_its_offset() {
     assert_eq!(fx.index.stats().unwrap().live, 0);
 }
 
+/// `u64::MAX` would be a source's last offset forever (a later batch
+/// must carry a higher one): it is refused, and the source goes on.
+#[test]
+fn the_largest_offset_is_reserved() {
+    for batch in [Batch::upserts([(1000, vec![1.0, 0.0, 0.0, 0.0])]), Batch::default()] {
+        let e = rejected(Metric::Cosine, batch.with_source("src", u64::MAX));
+        assert_eq!(e, InvalidInput::OffsetOutOfRange { offset: u64::MAX });
+        assert_eq!(e.to_string(), "offset 18446744073709551615 is reserved: offsets must be below 2^64-1");
+    }
+    let fx = Fixture::new(4, Metric::Cosine);
+    assert!(fx.index.apply(Batch::default().with_source("src", u64::MAX)).is_err());
+    fx.index.apply(Batch::upserts([(1, vec![1.0, 0.0, 0.0, 0.0])]).with_source("src", 7)).unwrap();
+    assert_eq!(fx.index.offset("src").unwrap(), Some(7));
+}
+
 #[test]
 fn zero_vectors_have_no_cosine() {
     let e = rejected(Metric::Cosine, Batch { ops: vec![upsert(1000, vec![0.0; 4])], source: None });
