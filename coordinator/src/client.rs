@@ -1,4 +1,7 @@
-//! Talking to shard nodes: over gRPC, or in process.
+//! Talking to shard nodes: over gRPC, or in process. Every call carries a
+//! deadline, which travels to the node in `grpc-timeout` (the node stops
+//! its work at it), and every failure comes back in shoal's terms through
+//! [`ShoalError::from_peer`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,13 +10,54 @@ use shoal_proto::v1::shard_node_client::ShardNodeClient;
 use shoal_proto::v1::shard_node_server::ShardNode;
 use shoal_proto::{ShoalError, v1};
 use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+
+/// How the coordinator's channels to shard nodes behave
+/// (`[coordinator.peers]`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PeerSettings {
+    /// Giving up on opening a connection.
+    pub connect_timeout_ms: u64,
+    /// HTTP/2 pings on every channel this often, busy or idle ...
+    pub keepalive_interval_ms: u64,
+    /// ... and a ping unanswered this long closes the connection, failing
+    /// its calls at once: a node that died or stopped is noticed without
+    /// waiting for a request's deadline.
+    pub keepalive_timeout_ms: u64,
+    /// Each node's health is asked this often ...
+    pub probe_interval_ms: u64,
+    /// ... and a node that does not answer within this is marked down:
+    /// writes to it fail fast, searches skip it, calls in flight to it end.
+    pub probe_timeout_ms: u64,
+}
+
+impl Default for PeerSettings {
+    fn default() -> Self {
+        PeerSettings {
+            connect_timeout_ms: 1_000,
+            keepalive_interval_ms: 1_000,
+            keepalive_timeout_ms: 2_000,
+            probe_interval_ms: 500,
+            probe_timeout_ms: 1_000,
+        }
+    }
+}
 
 /// A shard node, wherever it runs. Both kinds speak the same messages, so
 /// the embedded cluster and a real one share all coordinator code.
 #[derive(Clone)]
+// Cloned for every call: boxing the larger variant would allocate each time.
+#[allow(clippy::large_enum_variant)]
 pub enum ShardClient {
     /// A node in another process, over gRPC.
-    Remote(ShardNodeClient<Channel>),
+    Remote {
+        /// The node's `shoal.v1.ShardNode` service.
+        node: ShardNodeClient<Channel>,
+        /// Its standard health service, on the same channel.
+        health: HealthClient<Channel>,
+    },
     /// A node in this process (its service called directly).
     Local(Arc<dyn ShardNode>),
 }
@@ -21,28 +65,56 @@ pub enum ShardClient {
 impl ShardClient {
     /// A lazily connecting gRPC client: a node that is down makes calls fail
     /// with UNAVAILABLE instead of making the coordinator fail to start.
-    pub fn connect_lazy(address: &str, max_message_bytes: usize) -> Result<Self, ShoalError> {
+    pub fn connect_lazy(address: &str, max_message_bytes: usize, peers: &PeerSettings) -> Result<Self, ShoalError> {
         let endpoint = Endpoint::from_shared(address.to_owned())
             .map_err(|e| ShoalError::invalid(format!("bad shard node address {address:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_millis(peers.connect_timeout_ms.max(1)))
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
+            .http2_keep_alive_interval(Duration::from_millis(peers.keepalive_interval_ms.max(1)))
+            .keep_alive_timeout(Duration::from_millis(peers.keepalive_timeout_ms.max(1)))
             .keep_alive_while_idle(true);
-        let client = ShardNodeClient::new(endpoint.connect_lazy())
+        let channel = endpoint.connect_lazy();
+        let node = ShardNodeClient::new(channel.clone())
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
-        Ok(ShardClient::Remote(client))
+        Ok(ShardClient::Remote { node, health: HealthClient::new(channel) })
+    }
+
+    /// Asks the node whether it serves, within `timeout`.
+    pub async fn ping(&self, timeout: Duration) -> Result<(), ShoalError> {
+        let ShardClient::Remote { health, .. } = self else { return Ok(()) };
+        let mut req = tonic::Request::new(HealthCheckRequest { service: "shoal.v1.ShardNode".into() });
+        req.set_timeout(timeout);
+        let answer = tokio::time::timeout(timeout, health.clone().check(req))
+            .await
+            .map_err(|_| ShoalError::deadline(format!("no health answer within {timeout:?}")))?
+            .map_err(ShoalError::from_peer)?;
+        match answer.into_inner().status() {
+            ServingStatus::Serving => Ok(()),
+            other @ (ServingStatus::Unknown | ServingStatus::NotServing | ServingStatus::ServiceUnknown) => {
+                Err(ShoalError::unavailable(format!("the node reports {}", other.as_str_name()), Duration::from_secs(1)))
+            }
+        }
     }
 }
 
 macro_rules! forward {
     ($name:ident, $req:ty, $resp:ty) => {
-        pub async fn $name(&self, req: $req) -> Result<$resp, ShoalError> {
-            let result = match self {
-                ShardClient::Remote(c) => c.clone().$name(req).await,
-                ShardClient::Local(s) => s.$name(tonic::Request::new(req)).await,
+        /// The RPC of the same name, answered within `timeout` (which the
+        /// node is told) or failed with DEADLINE_EXCEEDED.
+        pub async fn $name(&self, req: $req, timeout: Duration) -> Result<$resp, ShoalError> {
+            let mut request = tonic::Request::new(req);
+            request.set_timeout(timeout);
+            let call = async {
+                match self {
+                    ShardClient::Remote { node, .. } => node.clone().$name(request).await,
+                    ShardClient::Local(s) => s.$name(request).await,
+                }
             };
-            result.map(tonic::Response::into_inner).map_err(ShoalError::from)
+            match tokio::time::timeout(timeout, call).await {
+                Ok(result) => result.map(tonic::Response::into_inner).map_err(ShoalError::from_peer),
+                Err(_) => Err(ShoalError::deadline(format!("no answer within {timeout:?}"))),
+            }
         }
     };
 }

@@ -1,5 +1,11 @@
 //! The coordinator's core: collections, routing of writes, scatter-gather
 //! of reads. Handlers in `service.rs` only convert; everything else is here.
+//!
+//! Every call that fans out to shard nodes has a deadline: the caller's
+//! (`grpc-timeout`) when it set one, capped by the operation's default,
+//! and it passes that deadline on to each node, which stops its work at it.
+//! A node the prober marked down (see `liveness`) is not waited for: a
+//! write that needs it fails before any part is sent, a search skips it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -9,10 +15,11 @@ use std::time::Duration;
 use futures::future::join_all;
 use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
 
-use crate::client::ShardClient;
+use crate::client::{PeerSettings, ShardClient};
+use crate::liveness::Liveness;
 use crate::merge::merge_top_k;
 use crate::metadata::{Collection, MetadataStore, place};
-use crate::routing::{group_ids, split};
+use crate::routing::{Part, group_ids, split};
 use crate::validate::{self, Limits};
 
 /// Coordinator behaviour (configured in `[coordinator]`).
@@ -21,7 +28,10 @@ pub struct ClusterOptions {
     pub default_shards: u32,
     pub search_timeout: Duration,
     pub write_timeout: Duration,
+    /// Status, describe and other reads of shard statistics.
+    pub status_timeout: Duration,
     pub limits: Limits,
+    pub peers: PeerSettings,
 }
 
 impl Default for ClusterOptions {
@@ -30,9 +40,24 @@ impl Default for ClusterOptions {
             default_shards: 3,
             search_timeout: Duration::from_secs(2),
             write_timeout: Duration::from_secs(120),
+            status_timeout: Duration::from_secs(1),
             limits: Limits::default(),
+            peers: PeerSettings::default(),
         }
     }
+}
+
+/// Creating, dropping and reading offsets are quick on a node that
+/// answers; this bounds them on one that does not.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a scatter waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// For every shard's answer or failure.
+    All,
+    /// Until the first failure, if one comes before every answer.
+    FirstFailure,
 }
 
 /// What came back from a scatter.
@@ -45,7 +70,17 @@ pub(crate) struct Gathered<T> {
 pub struct Cluster {
     pub(crate) meta: Arc<dyn MetadataStore>,
     clients: HashMap<NodeId, ShardClient>,
+    liveness: Arc<Liveness>,
+    probers: Vec<tokio::task::JoinHandle<()>>,
     opts: ClusterOptions,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for p in &self.probers {
+            p.abort();
+        }
+    }
 }
 
 pub(crate) fn retry_hint(mut e: ShoalError) -> ShoalError {
@@ -55,9 +90,23 @@ pub(crate) fn retry_hint(mut e: ShoalError) -> ShoalError {
     e
 }
 
+/// The time a call may take: the operation's own bound, or less if the
+/// caller's deadline comes first.
+pub fn bounded(default: Duration, caller: Option<Duration>) -> Duration {
+    caller.map_or(default, |c| c.min(default))
+}
+
 impl Cluster {
+    /// A cluster view over `clients`, probing their health in the
+    /// background (so it must be made inside a tokio runtime).
     pub fn new(meta: Arc<dyn MetadataStore>, clients: HashMap<NodeId, ShardClient>, opts: ClusterOptions) -> Self {
-        Cluster { meta, clients, opts }
+        let liveness = Arc::new(Liveness::new(clients.keys().cloned()));
+        let probers = liveness.spawn_probers(
+            clients.clone(),
+            Duration::from_millis(opts.peers.probe_interval_ms.max(1)),
+            Duration::from_millis(opts.peers.probe_timeout_ms.max(1)),
+        );
+        Cluster { meta, clients, liveness, probers, opts }
     }
 
     pub fn options(&self) -> &ClusterOptions {
@@ -66,6 +115,16 @@ impl Cluster {
 
     pub(crate) fn client(&self, node: &NodeId) -> Result<&ShardClient, ShoalError> {
         self.clients.get(node).ok_or_else(|| ShoalError::internal(format!("node {node} is not a member")))
+    }
+
+    /// Runs `call` against `node`, unless the node is marked down; ends it
+    /// early if the node is marked down meanwhile.
+    pub(crate) async fn on_node<T>(&self, node: &NodeId, call: impl Future<Output = Result<T, ShoalError>>) -> Result<T, ShoalError> {
+        self.liveness.check(node)?;
+        tokio::select! {
+            r = call => r,
+            e = self.liveness.down(node) => Err(e),
+        }
     }
 
     pub(crate) fn collection(&self, name: &str) -> Result<Collection, ShoalError> {
@@ -84,9 +143,7 @@ impl Cluster {
         let members = self.meta.members();
         let replies = join_all(members.iter().map(|m| async move {
             let c = self.client(&m.id)?;
-            tokio::time::timeout(Duration::from_secs(5), c.list_shards(v1::ListShardsRequest {}))
-                .await
-                .map_err(|_| ShoalError::deadline("listing shards timed out"))?
+            c.list_shards(v1::ListShardsRequest {}, Duration::from_secs(5)).await
         }))
         .await;
         let mut found: BTreeMap<CollectionName, (v1::ShardSpec, BTreeMap<u32, NodeId>)> = BTreeMap::new();
@@ -128,8 +185,12 @@ impl Cluster {
             return Err(ShoalError::invalid(format!("metric {metric} is not one of COSINE, DOT, EUCLIDEAN")));
         }
         let shard_count = if shard_count == 0 { self.opts.default_shards } else { shard_count };
-        if shard_count > 1024 {
-            return Err(ShoalError::invalid(format!("shard_count must be at most 1024, got {shard_count}")));
+        let max_shards = self.opts.limits.max_shards_per_collection;
+        if shard_count > max_shards {
+            return Err(ShoalError::exhausted(format!(
+                "a collection may have at most {max_shards} shards (coordinator.limits.max_shards_per_collection), \
+                 {shard_count} were asked for"
+            )));
         }
         if self.meta.collection(&name).is_some() {
             return Err(ShoalError::already_exists(format!("collection {name} already exists")));
@@ -140,12 +201,18 @@ impl Cluster {
         }
         let spec = v1::ShardSpec { dimension, metric, index, shard_count };
         let placement = place(shard_count, &members, &self.meta.collections());
+        // All or nothing: a node known to be down would fail its part.
+        if let Some(e) = placement.iter().find_map(|n| self.liveness.check(n).err()) {
+            return Err(e.context(format!("creating collection {name}: nothing was created")));
+        }
         let c = Collection { name: name.clone(), spec, placement };
         let created = join_all((0..shard_count).map(|i| {
             let c = &c;
             async move {
-                let client = self.client(&c.placement[i as usize])?;
-                client.create_shard(v1::CreateShardRequest { shard: Self::shard_id(c, i), spec: Some(spec) }).await
+                let node = &c.placement[i as usize];
+                let client = self.client(node)?;
+                let req = v1::CreateShardRequest { shard: Self::shard_id(c, i), spec: Some(spec) };
+                self.on_node(node, client.create_shard(req, ADMIN_TIMEOUT)).await
             }
         }))
         .await;
@@ -155,7 +222,10 @@ impl Cluster {
                 let c = &c;
                 async move {
                     if let Ok(client) = self.client(&c.placement[j as usize]) {
-                        let _ = client.drop_shard(v1::DropShardRequest { shard: Self::shard_id(c, j) }).await;
+                        let req = v1::DropShardRequest { shard: Self::shard_id(c, j) };
+                        if let Err(e) = client.drop_shard(req, ADMIN_TIMEOUT).await {
+                            tracing::warn!(collection = %c.name, shard = j, error = %e, "could not undo a shard of a failed create");
+                        }
                     }
                 }
             }))
@@ -173,8 +243,10 @@ impl Cluster {
         let results = join_all((0..c.shard_count()).map(|i| {
             let c = &c;
             async move {
-                let client = self.client(&c.placement[i as usize])?;
-                match client.drop_shard(v1::DropShardRequest { shard: Self::shard_id(c, i) }).await {
+                let node = &c.placement[i as usize];
+                let client = self.client(node)?;
+                let req = v1::DropShardRequest { shard: Self::shard_id(c, i) };
+                match self.on_node(node, client.drop_shard(req, ADMIN_TIMEOUT)).await {
                     Err(e) if e.code == ErrorCode::NotFound => Ok(()),
                     other => other.map(|_| ()),
                 }
@@ -193,16 +265,16 @@ impl Cluster {
     }
 
     /// A collection with the live state of each shard.
-    pub async fn describe(&self, name: &str) -> Result<v1::CollectionInfo, ShoalError> {
+    pub async fn describe(&self, name: &str, caller: Option<Duration>) -> Result<v1::CollectionInfo, ShoalError> {
         let c = self.collection(name)?;
-        let stats = self.shard_stats(&c).await;
+        let stats = self.shard_stats(&c, bounded(self.opts.status_timeout, caller)).await;
         Ok(info(&c, stats))
     }
 
-    async fn shard_stats(&self, c: &Collection) -> Vec<v1::ShardInfo> {
+    async fn shard_stats(&self, c: &Collection, timeout: Duration) -> Vec<v1::ShardInfo> {
         let g = self
-            .scatter(c, Duration::from_secs(5), |client, shard| async move {
-                client.get_shard_stats(v1::ShardStatsRequest { shard }).await
+            .scatter(c, timeout, |client, shard, timeout| async move {
+                client.get_shard_stats(v1::ShardStatsRequest { shard }, timeout).await
             })
             .await;
         let mut out: Vec<v1::ShardInfo> = (0..c.shard_count())
@@ -218,34 +290,52 @@ impl Cluster {
         out
     }
 
-    /// Calls `f` for every shard of `c` concurrently, each under `timeout`.
+    /// Calls `f` for every shard of `c` concurrently, each with `timeout`
+    /// (which `f` hands to the node); nodes marked down fail at once.
     pub(crate) async fn scatter<T, F, Fut>(&self, c: &Collection, timeout: Duration, f: F) -> Gathered<T>
     where
-        F: Fn(ShardClient, Option<v1::ShardId>) -> Fut,
+        F: Fn(ShardClient, Option<v1::ShardId>, Duration) -> Fut,
         Fut: Future<Output = Result<T, ShoalError>>,
     {
+        self.scatter_until(c, timeout, Until::All, f).await
+    }
+
+    /// [`Cluster::scatter`], which with `Until::FirstFailure` returns as
+    /// soon as one shard fails: the calls still running are dropped, which
+    /// cancels them on their nodes, so a search that cannot succeed neither
+    /// keeps its caller waiting for the slowest shard nor keeps the other
+    /// nodes computing.
+    pub(crate) async fn scatter_until<T, F, Fut>(&self, c: &Collection, timeout: Duration, until: Until, f: F) -> Gathered<T>
+    where
+        F: Fn(ShardClient, Option<v1::ShardId>, Duration) -> Fut,
+        Fut: Future<Output = Result<T, ShoalError>>,
+    {
+        use futures::StreamExt;
         let calls = (0..c.shard_count()).map(|i| {
             let node = c.placement[i as usize].clone();
-            let client = self.client(&node).cloned();
-            let call = client.map(|cl| f(cl, Self::shard_id(c, i)));
+            let call = self.client(&node).cloned().map(|cl| f(cl, Self::shard_id(c, i), timeout));
             async move {
                 let r = match call {
-                    Ok(fut) => match tokio::time::timeout(timeout, fut).await {
-                        Ok(r) => r,
-                        Err(_) => Err(ShoalError::deadline(format!("no answer within {timeout:?}"))),
-                    },
+                    Ok(fut) => self.on_node(&node, fut).await,
                     Err(e) => Err(e),
                 };
                 (i, node, r)
             }
         });
+        let mut running: futures::stream::FuturesUnordered<_> = calls.collect();
         let mut g = Gathered { answers: Vec::new(), failures: Vec::new() };
-        for (i, node, r) in join_all(calls).await {
+        while let Some((i, node, r)) = running.next().await {
             match r {
                 Ok(v) => g.answers.push((i, v)),
-                Err(e) => g.failures.push((i, node, e)),
+                Err(e) => {
+                    g.failures.push((i, node, e));
+                    if until == Until::FirstFailure {
+                        break;
+                    }
+                }
             }
         }
+        g.answers.sort_by_key(|a| a.0);
         g
     }
 
@@ -259,16 +349,31 @@ impl Cluster {
         points: Vec<v1::Point>,
         deletes: Vec<u64>,
         source: Option<v1::SourceOffset>,
+        caller: Option<Duration>,
     ) -> Result<Written, ShoalError> {
         let c = self.collection(collection)?;
         validate::write(&points, &deletes, &c.spec, &self.opts.limits)?;
         if let Some(s) = &source {
-            validate::source(&s.source, &self.opts.limits)?;
+            validate::source(s, &self.opts.limits)?;
         }
         let parts = split(points, deletes, c.shard_count());
-        let timeout = self.opts.write_timeout;
-        let calls = parts.into_iter().enumerate().filter(|(_, p)| source.is_some() || !p.is_empty()).map(|(i, part)| {
-            let i = i as u32;
+        let targets: Vec<(u32, Part)> = parts
+            .into_iter()
+            .enumerate()
+            .filter(|(_, p)| source.is_some() || !p.is_empty())
+            .map(|(i, p)| (i as u32, p))
+            .collect();
+        // Fail before anything is sent when a node is known to be down:
+        // otherwise the parts for the nodes that answer would commit and
+        // the caller would hold a half-applied write.
+        for (i, _) in &targets {
+            let node = &c.placement[*i as usize];
+            if let Err(e) = self.liveness.check(node) {
+                return Err(e.context(format!("shard {i}: nothing was written")));
+            }
+        }
+        let timeout = bounded(self.opts.write_timeout, caller);
+        let calls = targets.into_iter().map(|(i, part)| {
             let node = c.placement[i as usize].clone();
             let req = v1::ApplyBatchRequest {
                 shard: Self::shard_id(&c, i),
@@ -278,17 +383,17 @@ impl Cluster {
             };
             async move {
                 let client = self.client(&node)?;
-                let r = tokio::time::timeout(timeout, client.apply_batch(req))
-                    .await
-                    .map_err(|_| ShoalError::deadline(format!("shard {i} did not commit within {timeout:?}")))?;
-                r.map_err(|e| retry_hint(e).context(format!("shard {i} on node {node}")))
+                let r = self.on_node(&node, client.apply_batch(req, timeout)).await;
+                r.map_err(|e| retry_hint(e).context(format!("shard {i} on node {node}"))).map(|a| (i, a))
             }
         });
         let mut w = Written::default();
-        let mut first_error = None;
+        let mut committed = Vec::new();
+        let mut errors = Vec::new();
         for r in join_all(calls).await {
             match r {
-                Ok(a) => {
+                Ok((i, a)) => {
+                    committed.push(i);
                     if a.status == v1::BatchStatus::Applied as i32 {
                         w.applied = true;
                     }
@@ -296,24 +401,29 @@ impl Cluster {
                     w.deleted += a.deleted;
                     w.missing += a.missing;
                 }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
+                Err(e) => errors.push(e),
             }
         }
-        match first_error {
-            // Parts that committed stay; the caller retries the batch, and
-            // the shards that have it skip it by its offset.
-            Some(e) => Err(e),
-            None => Ok(w),
+        let Some(first) = errors.into_iter().next() else { return Ok(w) };
+        // Parts that committed stay; the caller retries the batch, and the
+        // shards that have it skip it by its offset (or, without one,
+        // apply the same upserts and deletes again, which changes nothing).
+        if committed.is_empty() {
+            return Err(first.context("nothing was written"));
         }
+        committed.sort_unstable();
+        let done: Vec<String> = committed.iter().map(u32::to_string).collect();
+        Err(first.context(format!(
+            "the write is incomplete (shards {} committed their parts): retry it",
+            done.join(", ")
+        )))
     }
 
-    pub async fn ingest(&self, req: v1::IngestRequest) -> Result<v1::IngestAck, ShoalError> {
+    pub async fn ingest(&self, req: v1::IngestRequest, caller: Option<Duration>) -> Result<v1::IngestAck, ShoalError> {
         let v1::IngestRequest { collection, source, offset, points, deletes } = req;
         let at = |e: ShoalError| e.context(format!("batch {source}@{offset}"));
         let w = self
-            .write(&collection, points, deletes, Some(v1::SourceOffset { source: source.clone(), offset }))
+            .write(&collection, points, deletes, Some(v1::SourceOffset { source: source.clone(), offset }), caller)
             .await
             .map_err(at)?;
         Ok(v1::IngestAck {
@@ -328,11 +438,11 @@ impl Cluster {
 
     /// Where each source stands: the lowest offset over the shards (a source
     /// some shard has not seen is not reported: the job starts it over).
-    pub async fn offsets(&self, req: v1::GetOffsetsRequest) -> Result<v1::GetOffsetsResponse, ShoalError> {
+    pub async fn offsets(&self, req: v1::GetOffsetsRequest, caller: Option<Duration>) -> Result<v1::GetOffsetsResponse, ShoalError> {
         let c = self.collection(&req.collection)?;
         let g = self
-            .scatter(&c, Duration::from_secs(10), |client, shard| async move {
-                client.get_shard_stats(v1::ShardStatsRequest { shard }).await
+            .scatter(&c, bounded(Duration::from_secs(10), caller), |client, shard, timeout| async move {
+                client.get_shard_stats(v1::ShardStatsRequest { shard }, timeout).await
             })
             .await;
         if let Some((i, node, e)) = g.failures.into_iter().next() {
@@ -354,19 +464,22 @@ impl Cluster {
         Ok(v1::GetOffsetsResponse { offsets })
     }
 
-    pub async fn get(&self, req: v1::GetRequest) -> Result<v1::GetResponse, ShoalError> {
+    pub async fn get(&self, req: v1::GetRequest, caller: Option<Duration>) -> Result<v1::GetResponse, ShoalError> {
         let v1::GetRequest { collection, ids, with_vector } = req;
         let c = self.collection(&collection)?;
         if ids.len() > self.opts.limits.max_get_ids {
             return Err(ShoalError::invalid(format!("{} ids, more than the limit of {}", ids.len(), self.opts.limits.max_get_ids)));
         }
+        let timeout = bounded(self.opts.search_timeout, caller);
         let groups = group_ids(&ids, c.shard_count());
         let calls = groups.into_iter().map(|(shard, ids)| {
             let node = c.placement[shard as usize].clone();
             let req = v1::GetPointsRequest { shard: Self::shard_id(&c, shard), ids, with_vector };
             async move {
                 let client = self.client(&node)?;
-                client.get_points(req).await.map_err(|e| retry_hint(e).context(format!("shard {shard} on node {node}")))
+                self.on_node(&node, client.get_points(req, timeout))
+                    .await
+                    .map_err(|e| retry_hint(e).context(format!("shard {shard} on node {node}")))
             }
         });
         let mut found = HashMap::new();
@@ -388,50 +501,36 @@ impl Cluster {
     }
 
     /// Scatter-gather search for one or more query vectors.
-    pub async fn search_many(&self, q: SearchQuery) -> Result<SearchOutcome, ShoalError> {
+    pub async fn search_many(&self, q: SearchQuery, caller: Option<Duration>) -> Result<SearchOutcome, ShoalError> {
         let c = self.collection(&q.collection)?;
-        if q.queries.is_empty() || q.queries.len() > self.opts.limits.max_queries {
+        let limits = &self.opts.limits;
+        if q.queries.is_empty() || q.queries.len() > limits.max_queries {
             return Err(ShoalError::invalid(format!(
                 "a search takes 1 to {} query vectors, got {}",
-                self.opts.limits.max_queries,
+                limits.max_queries,
                 q.queries.len()
             )));
         }
         for (i, v) in q.queries.iter().enumerate() {
             vector_check(v, &c, i, q.queries.len())?;
         }
-        let ef = validate::search_params(q.k, q.ef, &self.opts.limits)?;
-        let timeout = if q.timeout_ms == 0 { self.opts.search_timeout } else { Duration::from_millis(u64::from(q.timeout_ms)) };
+        let ef = validate::search_params(q.k, q.ef, limits)?;
+        validate::hits(q.queries.len(), q.k, limits)?;
+        let own = if q.timeout_ms == 0 { self.opts.search_timeout } else { Duration::from_millis(u64::from(q.timeout_ms)) };
+        let timeout = bounded(own, caller);
         let n = q.queries.len();
         let queries: Vec<v1::Vector> = q.queries.into_iter().map(|values| v1::Vector { values }).collect();
         let (k, with_payload) = (q.k, q.with_payload);
+        let until = if q.allow_partial { Until::All } else { Until::FirstFailure };
         let g = self
-            .scatter(&c, timeout, |client, shard| {
+            .scatter_until(&c, timeout, until, |client, shard, timeout| {
                 let queries = queries.clone();
-                async move { client.search_shard(v1::SearchShardRequest { shard, queries, k, ef, with_payload }).await }
+                async move { client.search_shard(v1::SearchShardRequest { shard, queries, k, ef, with_payload }, timeout).await }
             })
             .await;
         let total = c.shard_count();
         let answered = g.answers.len() as u32;
-        if let Some((i, node, e)) = g.failures.first()
-            && !q.allow_partial
-        {
-            let code = if g.failures.iter().all(|f| f.2.code == ErrorCode::DeadlineExceeded) {
-                ErrorCode::DeadlineExceeded
-            } else {
-                ErrorCode::Unavailable
-            };
-            let mut err = ShoalError::new(
-                code,
-                format!(
-                    "{} of {total} shards did not answer (first: shard {i} on node {node}: {}); set allow_partial to get what the others found",
-                    g.failures.len(),
-                    e.message
-                ),
-            );
-            if code == ErrorCode::Unavailable {
-                err.retry_after = Some(Duration::from_secs(1));
-            }
+        if let Some(err) = search_failure(&g.failures, total, q.allow_partial) {
             return Err(err);
         }
         let mut per_query: Vec<Vec<Vec<v1::Hit>>> = vec![Vec::with_capacity(answered as usize); n];
@@ -444,30 +543,19 @@ impl Cluster {
         Ok(SearchOutcome { results, shards_total: total, shards_answered: answered, partial: answered < total })
     }
 
-    pub async fn status(&self) -> v1::ClusterStatusResponse {
+    /// The nodes and every collection's shards, within the status timeout
+    /// (or the caller's): everything is asked at once, and a node that does
+    /// not answer in time is reported down instead of delaying the answer.
+    pub async fn status(&self, caller: Option<Duration>) -> v1::ClusterStatusResponse {
+        let timeout = bounded(self.opts.status_timeout, caller);
         let collections = self.meta.collections();
-        let mut out = Vec::new();
-        let mut node_up: HashMap<NodeId, bool> = HashMap::new();
-        for c in &collections {
-            let shards = self.shard_stats(c).await;
-            for s in &shards {
-                if let Ok(id) = NodeId::parse(&s.node) {
-                    *node_up.entry(id).or_insert(false) |= s.available;
-                }
-            }
-            out.push(info(c, shards));
-        }
         let members = self.meta.members();
+        let shards = join_all(collections.iter().map(|c| self.shard_stats(c, timeout)));
         let probes = join_all(members.iter().map(|m| async move {
-            match self.client(&m.id) {
-                Ok(c) => tokio::time::timeout(Duration::from_secs(2), c.list_shards(v1::ListShardsRequest {}))
-                    .await
-                    .map(|r| r.map(|l| l.shards.len() as u32))
-                    .unwrap_or_else(|_| Err(ShoalError::deadline("timeout"))),
-                Err(e) => Err(e),
-            }
-        }))
-        .await;
+            let client = self.client(&m.id)?;
+            self.on_node(&m.id, client.list_shards(v1::ListShardsRequest {}, timeout)).await.map(|l| l.shards.len() as u32)
+        }));
+        let (shards, probes) = tokio::join!(shards, probes);
         let nodes = members
             .iter()
             .zip(probes)
@@ -478,8 +566,41 @@ impl Cluster {
                 shards: p.unwrap_or(0),
             })
             .collect();
-        v1::ClusterStatusResponse { nodes, collections: out }
+        let collections = collections.iter().zip(shards).map(|(c, s)| info(c, s)).collect();
+        v1::ClusterStatusResponse { nodes, collections }
     }
+}
+
+/// The error a search ends with, if it must end with one. A caller's
+/// mistake on any shard (a bad request, an answer over a limit) is the
+/// caller's to fix and is never hidden behind partial results; shards that
+/// could not answer fail the search unless partial results are allowed.
+fn search_failure(failures: &[(u32, NodeId, ShoalError)], total: u32, allow_partial: bool) -> Option<ShoalError> {
+    let caller_error = |e: &ShoalError| matches!(e.code, ErrorCode::InvalidArgument | ErrorCode::ResourceExhausted | ErrorCode::NotFound);
+    if let Some((i, node, e)) = failures.iter().find(|f| caller_error(&f.2)) {
+        return Some(e.clone().context(format!("shard {i} on node {node}")));
+    }
+    let (i, node, e) = failures.first()?;
+    if allow_partial {
+        return None;
+    }
+    let code = if failures.iter().all(|f| f.2.code == ErrorCode::DeadlineExceeded) {
+        ErrorCode::DeadlineExceeded
+    } else {
+        ErrorCode::Unavailable
+    };
+    let mut err = ShoalError::new(
+        code,
+        format!(
+            "{} of {total} shards did not answer (first: shard {i} on node {node}: {}); set allow_partial to get what the others found",
+            failures.len(),
+            e.message
+        ),
+    );
+    if code == ErrorCode::Unavailable {
+        err.retry_after = Some(e.retry_after.unwrap_or(Duration::from_secs(1)));
+    }
+    Some(err)
 }
 
 fn vector_check(v: &[f32], c: &Collection, i: usize, n: usize) -> Result<(), ShoalError> {
@@ -526,5 +647,41 @@ fn info(c: &Collection, shards: Vec<v1::ShardInfo>) -> v1::CollectionInfo {
         index: c.spec.index,
         shards,
         points,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(s: &str) -> NodeId {
+        NodeId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn a_caller_error_on_one_shard_is_never_hidden_or_made_retryable() {
+        let too_big = ShoalError::exhausted("the answer outgrew the message limit");
+        let gone = ShoalError::unavailable("connection lost", Duration::from_millis(300));
+        let failures = vec![(1, node("b"), gone.clone()), (2, node("c"), too_big)];
+        for allow_partial in [false, true] {
+            let e = search_failure(&failures, 3, allow_partial).unwrap();
+            assert_eq!(e.code, ErrorCode::ResourceExhausted, "{e:?}");
+            assert_eq!(e.retry_after, None);
+            assert!(e.message.contains("shard 2 on node c"), "{}", e.message);
+        }
+        let e = search_failure(&[(1, node("b"), gone.clone())], 3, false).unwrap();
+        assert_eq!((e.code, e.retry_after), (ErrorCode::Unavailable, Some(Duration::from_millis(300))));
+        assert!(search_failure(&[(1, node("b"), gone)], 3, true).is_none());
+        let late = ShoalError::deadline("no answer within 2s");
+        assert_eq!(search_failure(&[(0, node("a"), late)], 3, false).unwrap().code, ErrorCode::DeadlineExceeded);
+        assert!(search_failure(&[], 3, false).is_none());
+    }
+
+    #[test]
+    fn the_caller_deadline_caps_the_operation_default() {
+        let d = Duration::from_secs(2);
+        assert_eq!(bounded(d, None), d);
+        assert_eq!(bounded(d, Some(Duration::from_millis(300))), Duration::from_millis(300));
+        assert_eq!(bounded(d, Some(Duration::from_secs(60))), d);
     }
 }

@@ -5,6 +5,9 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+use shoal_proto::ListenerConfig;
+
+use crate::client::PeerSettings;
 use crate::validate::Limits;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -15,10 +18,19 @@ pub struct CoordinatorConfig {
     pub shard_nodes: Vec<ShardNodeEntry>,
     /// Shards of a new collection when the request does not say.
     pub default_shards: u32,
+    /// A search's deadline when neither the request nor the caller sets one.
     pub search_timeout_ms: u64,
+    /// A write's (each ingest batch's) deadline, unless the caller's comes first.
     pub write_timeout_ms: u64,
+    /// ClusterStatus and DescribeCollection: a node that does not answer
+    /// within this is reported unavailable.
+    pub status_timeout_ms: u64,
     /// Largest gRPC message accepted or sent, in bytes.
     pub max_message_bytes: usize,
+    /// Connections of the gRPC listener.
+    pub listener: ListenerConfig,
+    /// Channels to the shard nodes and their health probes.
+    pub peers: PeerSettings,
     pub limits: Limits,
 }
 
@@ -38,7 +50,10 @@ impl Default for CoordinatorConfig {
             default_shards: 3,
             search_timeout_ms: 2_000,
             write_timeout_ms: 120_000,
+            status_timeout_ms: 1_000,
             max_message_bytes: 64 << 20,
+            listener: ListenerConfig::default(),
+            peers: PeerSettings::default(),
             limits: Limits::default(),
         }
     }

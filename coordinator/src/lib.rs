@@ -2,9 +2,11 @@
 //! ingest by point id to shard nodes, and answers searches by scattering to
 //! every shard and merging the global top-k.
 
+pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod config;
+pub mod liveness;
 pub mod merge;
 pub mod metadata;
 pub mod routing;

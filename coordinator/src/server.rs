@@ -9,7 +9,6 @@ use std::time::Duration;
 use shoal_proto::NodeId;
 use shoal_proto::v1::shoal_server::ShoalServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::client::ShardClient;
 use crate::cluster::{Cluster, ClusterOptions};
@@ -32,7 +31,7 @@ pub fn cluster_from_config(cfg: &CoordinatorConfig) -> anyhow::Result<Cluster> {
     for n in &cfg.shard_nodes {
         let id = NodeId::parse(&n.id)?;
         let address = url(&n.address);
-        clients.insert(id.clone(), ShardClient::connect_lazy(&address, cfg.max_message_bytes)?);
+        clients.insert(id.clone(), ShardClient::connect_lazy(&address, cfg.max_message_bytes, &cfg.peers)?);
         members.push(Member { id, address });
     }
     anyhow::ensure!(!members.is_empty(), "the coordinator needs at least one shard node (shard_nodes)");
@@ -40,7 +39,9 @@ pub fn cluster_from_config(cfg: &CoordinatorConfig) -> anyhow::Result<Cluster> {
         default_shards: cfg.default_shards.max(1),
         search_timeout: Duration::from_millis(cfg.search_timeout_ms),
         write_timeout: Duration::from_millis(cfg.write_timeout_ms),
+        status_timeout: Duration::from_millis(cfg.status_timeout_ms),
         limits: cfg.limits.clone(),
+        peers: cfg.peers.clone(),
     };
     Ok(Cluster::new(Arc::new(InMemoryMetadata::new(members)), clients, opts))
 }
@@ -68,15 +69,17 @@ impl RunningCoordinator {
         .with_service_name("shoal.v1.Shoal")
         .with_service_name("grpc.health.v1.Health")
             .build_v1()?;
-        let svc = ShoalServer::new(ShoalService::new(Arc::clone(&cluster)))
+        let svc = ShoalServer::new(ShoalService::new(Arc::clone(&cluster), cfg.max_message_bytes))
             .max_decoding_message_size(cfg.max_message_bytes)
             .max_encoding_message_size(cfg.max_message_bytes);
-        let server = tonic::transport::Server::builder()
+        let server = cfg
+            .listener
+            .server()
             .layer(tower::util::MapResponseLayer::new(shoal_proto::oversized_is_resource_exhausted))
             .add_service(health_service)
             .add_service(reflection)
             .add_service(svc)
-            .serve_with_incoming_shutdown(shoal_proto::nodelay(TcpListenerStream::new(listener)), async {
+            .serve_with_incoming_shutdown(shoal_proto::accept(listener, cfg.listener.limits()), async {
                 let _ = stopped.await;
             });
         let task = tokio::spawn(server);

@@ -15,12 +15,34 @@ use crate::cluster::{Cluster, SearchQuery};
 /// Serves `shoal.v1.Shoal`.
 pub struct ShoalService {
     cluster: Arc<Cluster>,
+    max_message_bytes: usize,
 }
 
 impl ShoalService {
-    pub fn new(cluster: Arc<Cluster>) -> Self {
-        ShoalService { cluster }
+    pub fn new(cluster: Arc<Cluster>, max_message_bytes: usize) -> Self {
+        ShoalService { cluster, max_message_bytes }
     }
+
+    /// An answer that fits in one message, or RESOURCE_EXHAUSTED saying so
+    /// (tonic would otherwise fail to encode it and the caller would see a
+    /// bare transport error).
+    fn fits<T: prost::Message>(&self, answer: T) -> Result<Response<T>, Status> {
+        let len = answer.encoded_len();
+        if len > self.max_message_bytes {
+            return Err(ShoalError::exhausted(format!(
+                "the answer is {len} bytes, over the message limit of {} bytes (max_message_bytes); \
+                 ask for fewer hits, fewer queries or no payloads per request",
+                self.max_message_bytes
+            ))
+            .into());
+        }
+        Ok(Response::new(answer))
+    }
+}
+
+/// Time left before the caller's deadline, if it set one.
+fn caller<T>(r: &Request<T>) -> Option<std::time::Duration> {
+    shoal_proto::deadline::timeout_of(r.metadata())
 }
 
 type AckStream = Pin<Box<dyn Stream<Item = Result<v1::IngestAck, Status>> + Send>>;
@@ -36,7 +58,8 @@ impl Shoal for ShoalService {
     }
 
     async fn describe_collection(&self, r: Request<v1::DescribeCollectionRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
-        Ok(Response::new(self.cluster.describe(&r.into_inner().name).await?))
+        let caller = caller(&r);
+        Ok(Response::new(self.cluster.describe(&r.into_inner().name, caller).await?))
     }
 
     async fn drop_collection(&self, r: Request<v1::DropCollectionRequest>) -> Result<Response<v1::DropCollectionResponse>, Status> {
@@ -47,6 +70,8 @@ impl Shoal for ShoalService {
     type IngestStream = AckStream;
 
     async fn ingest(&self, r: Request<Streaming<v1::IngestRequest>>) -> Result<Response<AckStream>, Status> {
+        // A deadline on the stream bounds the whole stream.
+        let deadline = caller(&r).and_then(|t| tokio::time::Instant::now().checked_add(t));
         let mut batches = r.into_inner();
         let cluster = Arc::clone(&self.cluster);
         // One batch at a time per stream, so that a source's batches reach
@@ -70,7 +95,8 @@ impl Shoal for ShoalService {
                 } else {
                     collection.clone_from(&batch.collection);
                 }
-                let ack = cluster.ingest(batch).await.map_err(Status::from);
+                let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+                let ack = cluster.ingest(batch, left).await.map_err(Status::from);
                 let failed = ack.is_err();
                 if tx.send(ack).await.is_err() || failed {
                     return;
@@ -81,53 +107,59 @@ impl Shoal for ShoalService {
     }
 
     async fn get_offsets(&self, r: Request<v1::GetOffsetsRequest>) -> Result<Response<v1::GetOffsetsResponse>, Status> {
-        Ok(Response::new(self.cluster.offsets(r.into_inner()).await?))
+        let caller = caller(&r);
+        Ok(Response::new(self.cluster.offsets(r.into_inner(), caller).await?))
     }
 
     async fn upsert(&self, r: Request<v1::UpsertRequest>) -> Result<Response<v1::WriteResponse>, Status> {
+        let caller = caller(&r);
         let v1::UpsertRequest { collection, points } = r.into_inner();
-        let w = self.cluster.write(&collection, points, Vec::new(), None).await?;
+        let w = self.cluster.write(&collection, points, Vec::new(), None, caller).await?;
         Ok(Response::new(v1::WriteResponse { upserted: w.upserted, deleted: w.deleted, missing: w.missing }))
     }
 
     async fn delete(&self, r: Request<v1::DeleteRequest>) -> Result<Response<v1::WriteResponse>, Status> {
+        let caller = caller(&r);
         let v1::DeleteRequest { collection, ids } = r.into_inner();
-        let w = self.cluster.write(&collection, Vec::new(), ids, None).await?;
+        let w = self.cluster.write(&collection, Vec::new(), ids, None, caller).await?;
         Ok(Response::new(v1::WriteResponse { upserted: w.upserted, deleted: w.deleted, missing: w.missing }))
     }
 
     async fn get(&self, r: Request<v1::GetRequest>) -> Result<Response<v1::GetResponse>, Status> {
-        Ok(Response::new(self.cluster.get(r.into_inner()).await?))
+        let caller = caller(&r);
+        self.fits(self.cluster.get(r.into_inner(), caller).await?)
     }
 
     async fn search(&self, r: Request<v1::SearchRequest>) -> Result<Response<v1::SearchResponse>, Status> {
+        let caller = caller(&r);
         let v1::SearchRequest { collection, vector, k, ef, with_payload, allow_partial, timeout_ms } = r.into_inner();
         let q = SearchQuery { collection, queries: vec![vector], k, ef, with_payload, allow_partial, timeout_ms };
-        let mut out = self.cluster.search_many(q).await?;
+        let mut out = self.cluster.search_many(q, caller).await?;
         let hits = out.results.pop().ok_or_else(|| ShoalError::internal("search produced no result"))?;
-        Ok(Response::new(v1::SearchResponse {
+        self.fits(v1::SearchResponse {
             hits,
             shards_total: out.shards_total,
             shards_answered: out.shards_answered,
             partial: out.partial,
-        }))
+        })
     }
 
     async fn search_batch(&self, r: Request<v1::SearchBatchRequest>) -> Result<Response<v1::SearchBatchResponse>, Status> {
+        let caller = caller(&r);
         let v1::SearchBatchRequest { collection, queries, k, ef, with_payload, allow_partial, timeout_ms } = r.into_inner();
         let queries = queries.into_iter().map(|v| v.values).collect();
         let q = SearchQuery { collection, queries, k, ef, with_payload, allow_partial, timeout_ms };
-        let out = self.cluster.search_many(q).await?;
-        Ok(Response::new(v1::SearchBatchResponse {
+        let out = self.cluster.search_many(q, caller).await?;
+        self.fits(v1::SearchBatchResponse {
             results: out.results.into_iter().map(|hits| v1::SearchResult { hits }).collect(),
             shards_total: out.shards_total,
             shards_answered: out.shards_answered,
             partial: out.partial,
-        }))
+        })
     }
 
-    async fn cluster_status(&self, _: Request<v1::ClusterStatusRequest>) -> Result<Response<v1::ClusterStatusResponse>, Status> {
-        Ok(Response::new(self.cluster.status().await))
+    async fn cluster_status(&self, r: Request<v1::ClusterStatusRequest>) -> Result<Response<v1::ClusterStatusResponse>, Status> {
+        Ok(Response::new(self.cluster.status(caller(&r)).await))
     }
 
     async fn create_snapshot(&self, r: Request<v1::CreateSnapshotRequest>) -> Result<Response<v1::CreateSnapshotResponse>, Status> {

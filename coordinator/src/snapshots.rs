@@ -60,9 +60,9 @@ impl Cluster {
         let id = if snapshot_id.is_empty() { new_id() } else { snapshot_id };
         check_id(&id)?;
         let g = self
-            .scatter(&c, LONG_CALL, |client, shard| {
+            .scatter(&c, LONG_CALL, |client, shard, timeout| {
                 let snapshot_id = id.clone();
-                async move { client.snapshot_shard(v1::SnapshotShardRequest { shard, snapshot_id, zstd_level }).await }
+                async move { client.snapshot_shard(v1::SnapshotShardRequest { shard, snapshot_id, zstd_level }, timeout).await }
             })
             .await;
         if let Some((i, node, e)) = g.failures.into_iter().min_by_key(|f| f.0) {
@@ -84,7 +84,7 @@ impl Cluster {
         CollectionName::parse(&req.collection)?;
         self.ask_any_node("listing snapshots", |client| {
             let req = req.clone();
-            async move { client.list_snapshots(req).await }
+            async move { client.list_snapshots(req, LONG_CALL).await }
         })
         .await
     }
@@ -94,7 +94,7 @@ impl Cluster {
         CollectionName::parse(&req.collection)?;
         self.ask_any_node("pruning snapshots", |client| {
             let req = req.clone();
-            async move { client.prune_snapshots(req).await }
+            async move { client.prune_snapshots(req, LONG_CALL).await }
         })
         .await
     }
@@ -105,6 +105,17 @@ impl Cluster {
         let name = CollectionName::parse(&collection)?;
         check_id(&snapshot_id)?;
         let listed = self.list_snapshots(v1::ListSnapshotsRequest { collection: collection.clone(), shard }).await?;
+        // A whole collection restores only from a complete snapshot; the
+        // node's summary says what is missing.
+        if shard.is_none()
+            && let Some(c) = listed.collection_snapshots.iter().find(|c| c.id == snapshot_id && !c.complete)
+        {
+            return Err(ShoalError::not_found(format!(
+                "snapshot {snapshot_id} of {name} is incomplete ({}): it cannot restore the collection; \
+                 `shoalctl snapshot list {name}` shows the complete ones",
+                c.why_incomplete
+            )));
+        }
         let of_id: BTreeMap<u32, v1::SnapshotInfo> =
             listed.snapshots.into_iter().filter(|s| s.id == snapshot_id).map(|s| (s.shard, s)).collect();
         if let Some(bad) = of_id.values().find(|s| !s.error.is_empty()) {
@@ -159,9 +170,7 @@ impl Cluster {
             };
             async move {
                 let client = self.client(&node)?;
-                let r = tokio::time::timeout(LONG_CALL, client.restore_shard(req))
-                    .await
-                    .map_err(|_| ShoalError::deadline(format!("shard {s} did not restore within {LONG_CALL:?}")))?;
+                let r = self.on_node(&node, client.restore_shard(req, LONG_CALL)).await;
                 r.map_err(|e| retry_hint(e).context(format!("restoring shard {s} on node {node}")))
             }
         }))
@@ -183,7 +192,7 @@ impl Cluster {
             }
         }
         let restored = wanted.iter().filter_map(|s| of_id.get(s).cloned()).collect();
-        let info = match self.describe(name.as_str()).await {
+        let info = match self.describe(name.as_str(), None).await {
             Ok(info) => Some(info),
             Err(e) if e.code == ErrorCode::NotFound => None,
             Err(e) => return Err(e),
@@ -197,9 +206,7 @@ impl Cluster {
         let members = self.meta.members();
         let replies = join_all(members.iter().map(|m| async move {
             let client = self.client(&m.id)?;
-            let r = tokio::time::timeout(Duration::from_secs(5), client.get_snapshot_progress(v1::SnapshotProgressRequest {}))
-                .await
-                .map_err(|_| ShoalError::deadline("no answer"))??;
+            let r = self.on_node(&m.id, client.get_snapshot_progress(v1::SnapshotProgressRequest {}, Duration::from_secs(5))).await?;
             Ok::<_, ShoalError>((m.id.clone(), r))
         }))
         .await;
@@ -224,13 +231,12 @@ impl Cluster {
         let mut last = None;
         for m in self.meta.members() {
             let client = self.client(&m.id)?.clone();
-            match tokio::time::timeout(LONG_CALL, f(client)).await {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if matches!(e.code, ErrorCode::InvalidArgument | ErrorCode::NotFound | ErrorCode::AlreadyExists) => {
+            match self.on_node(&m.id, f(client)).await {
+                Ok(v) => return Ok(v),
+                Err(e) if matches!(e.code, ErrorCode::InvalidArgument | ErrorCode::NotFound | ErrorCode::AlreadyExists) => {
                     return Err(e);
                 }
-                Ok(Err(e)) => last = Some(e.context(format!("{what} on node {}", m.id))),
-                Err(_) => last = Some(ShoalError::deadline(format!("{what} on node {} timed out", m.id))),
+                Err(e) => last = Some(e.context(format!("{what} on node {}", m.id))),
             }
         }
         Err(retry_hint(last.unwrap_or_else(|| ShoalError::unavailable("the cluster has no shard nodes", Duration::from_secs(5)))))

@@ -21,6 +21,11 @@ pub struct Limits {
     pub max_get_ids: usize,
     /// Bytes of a source name.
     pub max_source_bytes: usize,
+    /// Shards one collection may have.
+    pub max_shards_per_collection: u32,
+    /// Hits one search may ask for: queries × k. Bounds the memory a search
+    /// takes on every node and the size of its answer.
+    pub max_hits: u64,
 }
 
 impl Default for Limits {
@@ -33,6 +38,8 @@ impl Default for Limits {
             max_queries: 1_024,
             max_get_ids: 10_000,
             max_source_bytes: 255,
+            max_shards_per_collection: 1024,
+            max_hits: 1_000_000,
         }
     }
 }
@@ -100,13 +107,31 @@ pub fn write(points: &[v1::Point], deletes: &[u64], spec: &v1::ShardSpec, limits
     Ok(())
 }
 
-/// A source name of an ingest batch.
-pub fn source(s: &str, limits: &Limits) -> Result<(), ShoalError> {
-    if s.is_empty() || s.len() > limits.max_source_bytes {
+/// The source and offset of an ingest batch.
+pub fn source(s: &v1::SourceOffset, limits: &Limits) -> Result<(), ShoalError> {
+    if s.source.is_empty() || s.source.len() > limits.max_source_bytes {
         return Err(ShoalError::invalid(format!(
             "source name must be 1 to {} bytes, got {}",
             limits.max_source_bytes,
-            s.len()
+            s.source.len()
+        )));
+    }
+    // Offsets must grow, so a source at the largest one could never apply
+    // another batch.
+    if s.offset == u64::MAX {
+        return Err(ShoalError::invalid(format!("offset {} is reserved: offsets must be below 2^64-1", s.offset)));
+    }
+    Ok(())
+}
+
+/// The hits a search asks for: queries × k, within the limit.
+pub fn hits(queries: usize, k: u32, limits: &Limits) -> Result<(), ShoalError> {
+    let asked = queries as u64 * u64::from(k);
+    if asked > limits.max_hits {
+        return Err(ShoalError::invalid(format!(
+            "a search may ask for at most {} hits (queries × k); this one asks for {queries} × {k} = {asked}: \
+             lower k or send fewer queries per request",
+            limits.max_hits
         )));
     }
     Ok(())
@@ -120,13 +145,7 @@ pub fn search_params(k: u32, ef: u32, limits: &Limits) -> Result<u32, ShoalError
     if ef > limits.max_ef {
         return Err(ShoalError::invalid(format!("ef must be at most {}, got {ef}", limits.max_ef)));
     }
-    Ok(if ef == 0 { default_ef(k) } else { ef.max(k) })
-}
-
-/// Per-shard candidate list when the caller does not choose: twice k, and
-/// at least 64, which gives recall@10 around 0.95 on sentence embeddings.
-pub fn default_ef(k: u32) -> u32 {
-    k.saturating_mul(2).max(64)
+    Ok(if ef == 0 { shoal_proto::default_ef(k) } else { ef.max(k) })
 }
 
 #[cfg(test)]
@@ -163,6 +182,11 @@ mod tests {
         assert_eq!(search_params(100, 0, &l).unwrap(), 200);
         assert_eq!(search_params(10, 5, &l).unwrap(), 10);
         assert!(search_params(0, 10, &l).is_err());
-        assert!(source("", &l).is_err());
+        let at = |source: &str, offset| v1::SourceOffset { source: source.into(), offset };
+        assert!(source(&at("", 0), &l).is_err());
+        assert!(source(&at("job", u64::MAX), &l).unwrap_err().message.contains("reserved"));
+        assert!(source(&at("job", u64::MAX - 1), &l).is_ok());
+        assert!(hits(1024, 976, &l).is_ok());
+        assert!(hits(1024, 10_000, &l).unwrap_err().message.contains("1024 × 10000 = 10240000"));
     }
 }

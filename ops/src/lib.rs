@@ -1,9 +1,11 @@
 //! shoal's operator tooling: `shoalctl` (status, collections, the embedded
 //! `dev` cluster and the `demo`), and the embedded cluster itself, which the
-//! cluster tests and benchmarks share.
+//! cluster tests and benchmarks share, and clusters of separate processes
+//! (`procs`) for the tests that kill and stop them.
 
 pub mod ctl;
 pub mod demo;
 pub mod demo_data;
 pub mod embedded;
+pub mod procs;
 pub mod snapshots;

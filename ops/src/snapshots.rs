@@ -72,6 +72,7 @@ pub async fn run(endpoint: &str, cmd: SnapshotCommand) -> anyhow::Result<()> {
                 println!("no snapshots of {collection}");
             }
             print_infos(&list.snapshots);
+            print_collection_snapshots(&list.collection_snapshots);
         }
         SnapshotCommand::Restore { collection, id, shard, replace } => {
             let req = v1::RestoreSnapshotRequest { collection: collection.clone(), snapshot_id: id.clone(), shard, replace };
@@ -91,6 +92,15 @@ pub async fn run(endpoint: &str, cmd: SnapshotCommand) -> anyhow::Result<()> {
             println!("pruned {collection}: {} snapshots deleted, {} kept", r.deleted.len(), r.kept_snapshots);
             for d in &r.deleted {
                 println!("  deleted {d}");
+            }
+            for c in &r.deleted_incomplete {
+                println!("  deleted incomplete snapshot {} ({})", c.id, c.why_incomplete);
+            }
+            for c in &r.young_incomplete {
+                println!(
+                    "  kept incomplete snapshot {} ({}): younger than the grace period, maybe still being taken",
+                    c.id, c.why_incomplete
+                );
             }
             if r.chunk_pass_skipped.is_empty() {
                 println!(
@@ -172,5 +182,22 @@ fn print_infos(infos: &[v1::SnapshotInfo]) {
             took,
             offsets.join(" ")
         );
+    }
+}
+
+/// One line per snapshot id: complete (restorable as a collection) or not.
+fn print_collection_snapshots(all: &[v1::CollectionSnapshot]) {
+    if all.is_empty() {
+        return;
+    }
+    println!();
+    println!("  {:<28} {:>6}  state", "collection snapshot", "shards");
+    for c in all {
+        let state = if c.complete {
+            "complete".to_owned()
+        } else {
+            format!("INCOMPLETE ({}), age {:.0} s", c.why_incomplete, c.age_ms as f64 / 1000.0)
+        };
+        println!("  {:<28} {:>6}  {state}", c.id, format!("{}/{}", c.shards.len(), c.shard_count));
     }
 }

@@ -146,6 +146,49 @@ impl From<ShoalError> for Status {
     }
 }
 
+impl ShoalError {
+    /// What a call to another shoal process failed with, in shoal's terms.
+    /// This is the one place where the transport's failures get their code:
+    /// a status the peer sent is kept as it is, but one the client side made
+    /// up because the connection broke, was reset or timed out (tonic then
+    /// attaches the error that caused it, which a status from the wire never
+    /// carries) means the peer could not be reached: UNAVAILABLE, worth a
+    /// retry, whatever code tonic guessed (UNKNOWN "transport error",
+    /// INTERNAL for a reset stream, CANCELLED).
+    pub fn from_peer(status: Status) -> ShoalError {
+        use std::error::Error;
+        let from_transport = status.source().is_some();
+        // The call's own deadline, enforced by the client's channel.
+        let mut cause = status.source();
+        let mut timed_out = false;
+        while let Some(e) = cause {
+            timed_out |= e.is::<tonic::TimeoutExpired>();
+            cause = e.source();
+        }
+        if timed_out {
+            return ShoalError::deadline(format!("no answer before the deadline ({})", status.message()));
+        }
+        let code = status.code();
+        if code == Code::OutOfRange && status.message().contains("message length too large") {
+            return ShoalError::exhausted(format!(
+                "the answer is larger than the message limit (max_message_bytes): {}; ask for less per request",
+                status.message()
+            ));
+        }
+        if from_transport && matches!(code, Code::Unknown | Code::Internal | Code::Cancelled | Code::Unavailable) {
+            return ShoalError::unavailable(format!("connection lost: {}", status.message()), Duration::from_secs(1));
+        }
+        if code == Code::Cancelled {
+            return ShoalError::unavailable(format!("call cancelled: {}", status.message()), Duration::from_secs(1));
+        }
+        let mut e = ShoalError::from(status);
+        if e.code == ErrorCode::Unavailable && e.retry_after.is_none() {
+            e.retry_after = Some(Duration::from_secs(1));
+        }
+        e
+    }
+}
+
 impl From<Status> for ShoalError {
     fn from(s: Status) -> ShoalError {
         let retry_after = s

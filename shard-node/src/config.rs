@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use shoal_engine::{IndexOptions, LinkLog};
+use shoal_proto::ListenerConfig;
 
 use crate::writer::WriterOptions;
 
@@ -18,8 +19,12 @@ pub struct ShardNodeConfig {
     pub listen: SocketAddr,
     /// Where shards live (`<data_dir>/shards/<collection>/<shard>`).
     pub data_dir: PathBuf,
-    /// Largest gRPC message accepted, in bytes.
+    /// Largest gRPC message accepted or sent, in bytes.
     pub max_message_bytes: usize,
+    /// Connections of the gRPC listener.
+    pub listener: ListenerConfig,
+    /// How much this node takes on.
+    pub limits: NodeLimits,
     pub engine: EngineConfig,
     pub writer: WriterConfig,
     pub snapshot: SnapshotConfig,
@@ -32,9 +37,53 @@ impl Default for ShardNodeConfig {
             listen: "127.0.0.1:7701".parse().expect("literal address"),
             data_dir: PathBuf::from("./shoal-data/shard-0"),
             max_message_bytes: 64 << 20,
+            listener: ListenerConfig::default(),
+            limits: NodeLimits::default(),
             engine: EngineConfig::default(),
             writer: WriterConfig::default(),
             snapshot: SnapshotConfig::default(),
+        }
+    }
+}
+
+/// Limits that keep one node alive whatever it is asked (see docs/limits.md).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeLimits {
+    /// Shards this node holds at most. Each is an LMDB environment with
+    /// three open files, a memory map and its caches; the node also lowers
+    /// this at start when its open-file limit cannot carry that many.
+    pub max_shards: usize,
+    /// Shards a collection may have (a create with more is refused).
+    pub max_shards_per_collection: u32,
+    /// Query vectors in one search request.
+    pub max_queries: usize,
+    /// Hits one search request may ask for: queries × k. Bounds the memory
+    /// and the size of one answer.
+    pub max_hits: u64,
+    /// Searches computing at once; more wait for a slot (until their
+    /// deadline). 0: twice the CPUs.
+    pub max_concurrent_searches: usize,
+}
+
+impl Default for NodeLimits {
+    fn default() -> Self {
+        NodeLimits {
+            max_shards: 1024,
+            max_shards_per_collection: 1024,
+            max_queries: 1024,
+            max_hits: 1_000_000,
+            max_concurrent_searches: 0,
+        }
+    }
+}
+
+impl NodeLimits {
+    /// Searches computing at once, with 0 resolved.
+    pub fn concurrent_searches(&self) -> usize {
+        match self.max_concurrent_searches {
+            0 => 2 * std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
         }
     }
 }

@@ -84,12 +84,14 @@ pub(crate) fn engine_error(e: EngineError) -> ShoalError {
     let code = match &e {
         EngineError::Invalid(_) | EngineError::ParamsMismatch { .. } => ErrorCode::InvalidArgument,
         EngineError::NotFound { .. } => ErrorCode::NotFound,
+        EngineError::Stopped { .. } => ErrorCode::DeadlineExceeded,
         EngineError::ResizeBlocked { .. } => {
             return ShoalError::unavailable(e.to_string(), std::time::Duration::from_secs(1));
         }
-        EngineError::MapSizeLimit { .. } | EngineError::DiskFull { .. } | EngineError::IdSpaceExhausted { .. } => {
-            ErrorCode::ResourceExhausted
-        }
+        EngineError::MapSizeLimit { .. }
+        | EngineError::DiskFull { .. }
+        | EngineError::OpenFileLimit { .. }
+        | EngineError::IdSpaceExhausted { .. } => ErrorCode::ResourceExhausted,
         // The engine's error is non-exhaustive: anything new is internal
         // until it gets its own code here.
         EngineError::UnsupportedFormat { .. } | EngineError::Corrupt { .. } | EngineError::Storage { .. } | EngineError::Io { .. } | _ => {
@@ -148,6 +150,21 @@ pub(crate) fn snapshot_info(m: &Manifest, duration_ms: u64) -> v1::SnapshotInfo 
         dimension: m.index.dim,
         metric: m.index.params().map_or(v1::Metric::Unspecified, |p| metric_to_proto(p.metric)) as i32,
         index: Some(v1::IndexParams { m: u32::from(m.index.m), ef_construction: m.index.ef_construction }),
+    }
+}
+
+/// A collection snapshot's summary as the API shows it.
+pub(crate) fn collection_snapshot(c: &shoal_snapshot::CollectionSnapshot) -> v1::CollectionSnapshot {
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    v1::CollectionSnapshot {
+        id: c.id.clone(),
+        shard_count: c.shard_count.unwrap_or(0),
+        shards: c.shards.clone(),
+        missing: c.missing.clone(),
+        complete: c.complete,
+        why_incomplete: c.why_incomplete().unwrap_or_default(),
+        newest_created_at_ms: c.newest_created_at_ms.unwrap_or(0),
+        age_ms: c.age(now_ms).map_or(0, |d| d.as_millis() as u64),
     }
 }
 

@@ -1,19 +1,21 @@
 //! The shards a node owns: their indexes, their writers, their directories.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, RwLock};
-use shoal_engine::{Batch, BatchOutcome, Index, IndexOptions, Op, Point, SearchParams};
+use shoal_engine::{Batch, BatchOutcome, Index, IndexOptions, Op, Point};
 use shoal_proto::v1;
 use shoal_proto::{CollectionName, ShoalError};
 use tokio::task::JoinHandle;
 
-use crate::config::SnapshotConfig;
-use crate::snapshots::{Snapshots, clean_up_after_restores, wait_for_last_user};
+use crate::config::{NodeLimits, ShardNodeConfig};
 use crate::convert::{engine_error, params_to_spec, payload_from_engine, payload_to_engine, spec_to_params};
+use crate::files::shards_the_files_allow;
+use crate::search::{Caller, Searches};
+use crate::snapshots::{Snapshots, clean_up_after_restores, wait_for_last_user};
 use crate::writer::{ShardWriter, WriterOptions};
 
 /// (collection, shard number).
@@ -72,9 +74,28 @@ pub struct ShardHost {
     root: PathBuf,
     engine: IndexOptions,
     writer: WriterOptions,
+    limits: NodeLimits,
+    /// `limits.max_shards`, lowered to what the open-file limit carries.
+    max_shards: usize,
     shards: RwLock<HashMap<ShardKey, Arc<Shard>>>,
+    /// Shards being created: they count against `max_shards` already.
+    creating: Mutex<HashSet<ShardKey>>,
+    searches: Searches,
     closing: AtomicBool,
     pub(crate) snapshots: Option<Snapshots>,
+}
+
+/// A shard's place under the node's limit while it is being created;
+/// given back when the create ends, whichever way.
+struct Creating<'h> {
+    host: &'h ShardHost,
+    key: ShardKey,
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        self.host.creating.lock().remove(&self.key);
+    }
 }
 
 fn shard_error(key: &ShardKey) -> impl Fn(ShoalError) -> ShoalError + '_ {
@@ -91,25 +112,35 @@ pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Sh
 }
 
 impl ShardHost {
-    /// Opens every shard found under `data_dir/shards` and starts its
-    /// writer; with `snapshots`, opens the snapshot store too.
-    pub async fn open(
-        data_dir: &Path,
-        engine: IndexOptions,
-        writer: WriterOptions,
-        snapshots: Option<&SnapshotConfig>,
-    ) -> anyhow::Result<Arc<ShardHost>> {
-        let root = data_dir.join("shards");
+    /// Opens every shard found under `<data_dir>/shards` and starts its
+    /// writer, and the snapshot store.
+    pub async fn open(cfg: &ShardNodeConfig) -> anyhow::Result<Arc<ShardHost>> {
+        let root = cfg.data_dir.join("shards");
         std::fs::create_dir_all(&root)?;
-        let snapshots = snapshots.map(Snapshots::open).transpose()?;
+        let snapshots = Some(Snapshots::open(&cfg.snapshot)?);
         if let Some(s) = &snapshots {
             tracing::info!(store = %s.url(), "snapshot store");
         }
+        let mut engine = cfg.engine.index_options();
+        // One pool links the batches of every shard: a pool per shard would
+        // cost a thread (and its memory) per shard while building nothing.
+        if engine.pool.is_none() && engine.build_threads > 1 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(engine.build_threads - 1)
+                .thread_name(|i| format!("shoal-build-{i}"))
+                .build()?;
+            engine.pool = Some(Arc::new(pool));
+        }
+        let max_shards = shards_the_files_allow(cfg);
         let host = Arc::new(ShardHost {
             root: root.clone(),
             engine,
-            writer,
+            writer: cfg.writer.options(),
+            limits: cfg.limits.clone(),
+            max_shards,
             shards: RwLock::new(HashMap::new()),
+            creating: Mutex::new(HashSet::new()),
+            searches: Searches::new(&cfg.limits, cfg.max_message_bytes),
             closing: AtomicBool::new(false),
             snapshots,
         });
@@ -118,6 +149,10 @@ impl ShardHost {
             let opts = host.engine.clone();
             let index = tokio::task::spawn_blocking(move || Index::open(dir, opts)).await??;
             host.insert(key, index, shard_count);
+        }
+        let held = host.shards.read().len();
+        if held > max_shards {
+            tracing::warn!(held, max_shards, "this node holds more shards than its limit; it creates no more until some are dropped");
         }
         Ok(host)
     }
@@ -183,7 +218,7 @@ impl ShardHost {
     }
 
     /// Creates a shard, or confirms one that exists with the same spec (so a
-    /// coordinator can retry).
+    /// coordinator can retry). A create that fails leaves nothing behind.
     pub async fn create_shard(&self, req: v1::CreateShardRequest) -> Result<v1::ShardStats, ShoalError> {
         let v1::CreateShardRequest { shard, spec } = req;
         let key = key_of(shard)?;
@@ -192,6 +227,13 @@ impl ShardHost {
         let shard_count = spec.shard_count;
         if shard_count == 0 || key.1 >= shard_count {
             return Err(ShoalError::invalid(format!("shard {} of a collection of {shard_count} shards", key.1)));
+        }
+        if shard_count > self.limits.max_shards_per_collection {
+            return Err(ShoalError::exhausted(format!(
+                "a collection of {shard_count} shards is over this node's limit of {} shards per collection \
+                 (shard_node.limits.max_shards_per_collection)",
+                self.limits.max_shards_per_collection
+            )));
         }
         if let Ok(existing) = self.get(&key) {
             if *existing.index.params() != params || existing.shard_count != shard_count {
@@ -205,24 +247,37 @@ impl ShardHost {
             }
             return self.stats_of(&key, &existing).await;
         }
+        let Some(_place) = self.reserve(&key)? else {
+            return Err(ShoalError::unavailable(
+                format!("shard {}/{} is being created by another request", key.0, key.1),
+                std::time::Duration::from_millis(200),
+            ));
+        };
         let dir = self.dir(&key);
         let opts = self.engine.clone();
-        let index = blocking(move || {
-            let index = Index::open_or_create(&dir, params, opts).map_err(engine_error)?;
-            write_shard_file(&dir, shard_count)
-                .map_err(|e| ShoalError::internal(format!("writing {}: {e}", dir.display())))?;
-            Ok(index)
-        })
-        .await?;
-        let shard = {
-            // Two concurrent creates: the first one wins, the second reuses it.
-            let existing = self.shards.read().get(&key).cloned();
-            match existing {
-                Some(s) => s,
-                None => self.insert(key.clone(), index, shard_count),
-            }
-        };
+        let index = blocking(move || create_in(&dir, params, opts, shard_count)).await?;
+        let shard = self.insert(key.clone(), index, shard_count);
         self.stats_of(&key, &shard).await
+    }
+
+    /// Counts a shard being created against the node's limit. `None` if
+    /// another request is creating the same shard right now.
+    fn reserve(&self, key: &ShardKey) -> Result<Option<Creating<'_>>, ShoalError> {
+        let held = self.shards.read().len();
+        let mut creating = self.creating.lock();
+        if creating.contains(key) {
+            return Ok(None);
+        }
+        if held + creating.len() >= self.max_shards {
+            return Err(ShoalError::exhausted(format!(
+                "this node holds {held} shards{} and its limit is {} (shard_node.limits.max_shards, and the \
+                 open-file limit); add shard nodes, drop collections or raise the limit",
+                if creating.is_empty() { String::new() } else { format!(" (+{} being created)", creating.len()) },
+                self.max_shards
+            )));
+        }
+        creating.insert(key.clone());
+        Ok(Some(Creating { host: self, key: key.clone() }))
     }
 
     /// Closes a shard and deletes its data.
@@ -237,8 +292,10 @@ impl ShardHost {
         drop(shard);
         let dir = self.dir(&key);
         blocking(move || {
-            std::fs::remove_dir_all(&dir)
-                .map_err(|e| ShoalError::internal(format!("removing {}: {e}", dir.display())))
+            std::fs::remove_dir_all(&dir).map_err(|e| ShoalError::internal(format!("removing {}: {e}", dir.display())))?;
+            remove_if_empty(dir.parent());
+            crate::files::return_free_memory();
+            Ok(())
         })
         .await?;
         Ok(v1::DropShardResponse {})
@@ -272,29 +329,12 @@ impl ShardHost {
         })
     }
 
-    /// Searches one shard with one or more queries.
-    pub async fn search(&self, req: v1::SearchShardRequest) -> Result<v1::SearchShardResponse, ShoalError> {
-        let v1::SearchShardRequest { shard, queries, k, ef, with_payload } = req;
-        let key = key_of(shard)?;
+    /// Searches one shard with one or more queries, for as long as the
+    /// caller waits.
+    pub(crate) async fn search(&self, req: v1::SearchShardRequest, caller: Caller) -> Result<v1::SearchShardResponse, ShoalError> {
+        let key = key_of(req.shard.clone())?;
         let target = self.get(&key)?;
-        let params = SearchParams { k: k as usize, ef: ef as usize, with_payload };
-        let index = Arc::clone(&target.index);
-        let results = blocking(move || {
-            queries
-                .into_iter()
-                .map(|v1::Vector { values }| {
-                    let hits = index.search(&values, params).map_err(engine_error)?;
-                    Ok(v1::SearchResult {
-                        hits: hits
-                            .into_iter()
-                            .map(|h| v1::Hit { id: h.id, distance: h.distance, payload: payload_from_engine(h.payload) })
-                            .collect(),
-                    })
-                })
-                .collect::<Result<Vec<_>, ShoalError>>()
-        })
-        .await
-        .map_err(shard_error(&key))?;
+        let results = self.searches.run(Arc::clone(&target.index), req, caller).await.map_err(shard_error(&key))?;
         Ok(v1::SearchShardResponse { results })
     }
 
@@ -396,4 +436,46 @@ fn find_shards(root: &Path) -> anyhow::Result<Vec<(ShardKey, PathBuf)>> {
     }
     found.sort();
     Ok(found)
+}
+
+/// Creates the index and its shard file in `dir`; on failure removes what
+/// it made (the directory, and the collection's if it made that too), so a
+/// refused create leaves no files behind.
+fn create_in(dir: &Path, params: shoal_engine::IndexParams, opts: IndexOptions, shard_count: u32) -> Result<Index, ShoalError> {
+    let parent = dir.parent().map(Path::to_owned);
+    let parent_existed = parent.as_ref().is_some_and(|p| p.exists());
+    let dir_existed = dir.exists();
+    let made = Index::open_or_create(dir, params, opts).map_err(engine_error).and_then(|index| {
+        write_shard_file(dir, shard_count).map_err(|e| io_error(e, format!("writing {}", dir.join(SHARD_FILE).display())))?;
+        Ok(index)
+    });
+    if made.is_err() {
+        if !dir_existed {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        if !parent_existed {
+            remove_if_empty(parent.as_deref());
+        }
+    }
+    made
+}
+
+/// Removes a collection directory that holds no shard any more.
+fn remove_if_empty(dir: Option<&Path>) {
+    if let Some(dir) = dir {
+        // Fails (and keeps it) unless empty.
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// A file-system error in the service's terms: a full disk or too many
+/// open files is a limit, anything else a failure of this node.
+pub(crate) fn io_error(e: std::io::Error, what: String) -> ShoalError {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => ShoalError::exhausted(format!("{what}: no space left on the device")),
+        Some(libc::EMFILE | libc::ENFILE) => {
+            ShoalError::exhausted(format!("{what}: too many open files; raise the open-file limit or hold fewer shards"))
+        }
+        _ => ShoalError::internal(format!("{what}: {e}")),
+    }
 }

@@ -2,9 +2,12 @@
 //! `shoal-engine`), runs one group-committing writer per shard, and serves
 //! the internal `shoal.v1.ShardNode` gRPC API to coordinators.
 
+pub mod cli;
 pub mod config;
 mod convert;
+mod files;
 pub mod host;
+mod search;
 pub mod server;
 pub mod service;
 mod snapshots;

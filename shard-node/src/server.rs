@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use shoal_proto::v1::shard_node_server::ShardNodeServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::config::ShardNodeConfig;
 use crate::host::ShardHost;
@@ -31,9 +30,9 @@ impl RunningShardNode {
 
     pub async fn start_on(cfg: &ShardNodeConfig, listener: TcpListener) -> anyhow::Result<RunningShardNode> {
         let addr = listener.local_addr()?;
-        let host = ShardHost::open(&cfg.data_dir, cfg.engine.index_options(), cfg.writer.options(), Some(&cfg.snapshot)).await?;
+        let host = ShardHost::open(cfg).await?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve(Arc::clone(&host), listener, cfg.max_message_bytes, async {
+        let task = tokio::spawn(serve(Arc::clone(&host), listener, cfg.clone(), async {
             let _ = stopped.await;
         }));
         tracing::info!(node = %cfg.node_id, %addr, data_dir = %cfg.data_dir.display(), "shard node serving");
@@ -57,7 +56,7 @@ impl RunningShardNode {
 pub async fn serve(
     host: Arc<ShardHost>,
     listener: TcpListener,
-    max_message_bytes: usize,
+    cfg: ShardNodeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -72,13 +71,14 @@ pub async fn serve(
         .build_v1()
         .expect("the descriptor set compiled into shoal-proto is valid");
     let svc = ShardNodeServer::new(ShardNodeService::new(host))
-        .max_decoding_message_size(max_message_bytes)
-        .max_encoding_message_size(max_message_bytes);
-    tonic::transport::Server::builder()
-            .layer(tower::util::MapResponseLayer::new(shoal_proto::oversized_is_resource_exhausted))
+        .max_decoding_message_size(cfg.max_message_bytes)
+        .max_encoding_message_size(cfg.max_message_bytes);
+    cfg.listener
+        .server()
+        .layer(tower::util::MapResponseLayer::new(shoal_proto::oversized_is_resource_exhausted))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(svc)
-        .serve_with_incoming_shutdown(shoal_proto::nodelay(TcpListenerStream::new(listener)), shutdown)
+        .serve_with_incoming_shutdown(shoal_proto::accept(listener, cfg.listener.limits()), shutdown)
         .await
 }

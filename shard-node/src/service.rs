@@ -7,6 +7,7 @@ use shoal_proto::v1::shard_node_server::ShardNode;
 use tonic::{Request, Response, Status};
 
 use crate::host::ShardHost;
+use crate::search::Caller;
 
 /// Serves `shoal.v1.ShardNode` from a host.
 pub struct ShardNodeService {
@@ -34,7 +35,10 @@ impl ShardNode for ShardNodeService {
     }
 
     async fn search_shard(&self, r: Request<v1::SearchShardRequest>) -> Result<Response<v1::SearchShardResponse>, Status> {
-        Ok(Response::new(self.host.search(r.into_inner()).await?))
+        // The search runs on another thread: it learns that the caller
+        // gave up from the deadline and from this future being dropped.
+        let (caller, _gone_on_drop) = Caller::new(shoal_proto::deadline::timeout_of(r.metadata()));
+        Ok(Response::new(self.host.search(r.into_inner(), caller).await?))
     }
 
     async fn get_points(&self, r: Request<v1::GetPointsRequest>) -> Result<Response<v1::GetPointsResponse>, Status> {

@@ -15,7 +15,7 @@ use shoal_snapshot::{
 };
 
 use crate::config::SnapshotConfig;
-use crate::convert::{progress_proto, snapshot_error, snapshot_info};
+use crate::convert::{collection_snapshot, progress_proto, snapshot_error, snapshot_info};
 use crate::host::{ShardHost, ShardKey, key_of, write_shard_file};
 
 /// A node's snapshot store and settings.
@@ -195,9 +195,12 @@ impl ShardHost {
         let v1::ListSnapshotsRequest { collection, shard } = req;
         let name = CollectionName::parse(&collection)?;
         let snaps = self.snapshots()?;
-        let listed = shoal_snapshot::list_snapshots(&snaps.store, name.as_str(), shard).await.map_err(snapshot_error)?;
+        // Completeness needs every shard's manifest, whichever were asked for.
+        let listed = shoal_snapshot::list_snapshots(&snaps.store, name.as_str(), None).await.map_err(snapshot_error)?;
+        let collection_snapshots = shoal_snapshot::summarize(&listed).iter().map(collection_snapshot).collect();
         let snapshots = listed
             .into_iter()
+            .filter(|l| shard.is_none_or(|s| s == l.shard))
             .map(|l| match l.manifest {
                 Ok(m) => snapshot_info(&m, 0),
                 Err(e) => v1::SnapshotInfo {
@@ -209,7 +212,7 @@ impl ShardHost {
                 },
             })
             .collect();
-        Ok(v1::ListSnapshotsResponse { snapshots })
+        Ok(v1::ListSnapshotsResponse { snapshots, collection_snapshots })
     }
 
     /// Applies retention to a collection's snapshots.
@@ -228,6 +231,8 @@ impl ShardHost {
             referenced_chunks: r.referenced_chunks,
             young_unreferenced_chunks: r.young_unreferenced_chunks,
             chunk_pass_skipped: r.chunk_pass_skipped.unwrap_or_default(),
+            deleted_incomplete: r.deleted_incomplete.iter().map(collection_snapshot).collect(),
+            young_incomplete: r.young_incomplete.iter().map(collection_snapshot).collect(),
         })
     }
 

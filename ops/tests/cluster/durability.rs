@@ -43,7 +43,7 @@ async fn a_node_restart_keeps_every_acknowledged_point() {
     })
     .unwrap();
     assert!(fresh.discover().await.is_empty());
-    assert_eq!(fresh.describe("docs").await.unwrap().points, 600);
+    assert_eq!(fresh.describe("docs", None).await.unwrap().points, 600);
     tc.cluster.shutdown().await.unwrap();
 }
 

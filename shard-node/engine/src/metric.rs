@@ -77,7 +77,7 @@ impl Metric {
     }
 
     /// Checks a vector against `dim` and this metric; says what is wrong.
-    pub(crate) fn validate(self, v: &[f32], dim: usize) -> Result<(), VectorError> {
+    pub fn validate(self, v: &[f32], dim: usize) -> Result<(), VectorError> {
         if v.is_empty() {
             return Err(VectorError::Empty);
         }

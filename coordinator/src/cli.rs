@@ -1,0 +1,58 @@
+//! The `shoal-coordinator` command line: defaults, then the TOML file's
+//! `[coordinator]` section, then `SHOAL_COORD_*` variables, then flags.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::Serialize;
+
+use crate::config::ShardNodeEntry;
+use crate::{CoordinatorConfig, RunningCoordinator};
+
+/// Flags override the config file and the environment.
+#[derive(Parser, Serialize, Debug)]
+#[command(name = "shoal-coordinator", about = "Run a shoal coordinator")]
+pub struct Cli {
+    /// TOML config file (see ops/shoal.example.toml, section [coordinator]).
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// Shard node as ID=HOST:PORT; repeat for each node (replaces the list
+    /// from the file).
+    #[arg(long = "shard-node", value_parser = parse_node)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shard_nodes: Vec<ShardNodeEntry>,
+}
+
+fn parse_node(s: &str) -> Result<ShardNodeEntry, String> {
+    let (id, address) = s.split_once('=').ok_or_else(|| format!("expected ID=HOST:PORT, got {s:?}"))?;
+    Ok(ShardNodeEntry { id: id.to_owned(), address: address.to_owned() })
+}
+
+impl Cli {
+    /// The configuration these flags, the file and the environment give.
+    pub fn config(&self) -> anyhow::Result<CoordinatorConfig> {
+        let mut fig = Figment::from(Serialized::defaults(CoordinatorConfig::default()));
+        if let Some(path) = &self.config {
+            anyhow::ensure!(path.is_file(), "config file {} does not exist", path.display());
+            fig = fig.merge(Figment::from(Toml::file(path)).focus("coordinator"));
+        }
+        Ok(fig.merge(Env::prefixed("SHOAL_COORD_").split("__")).merge(Serialized::globals(self)).extract()?)
+    }
+}
+
+/// What the binary does: serve until SIGINT/SIGTERM, then shut down
+/// gracefully. Prints `coordinator listening on <addr> (...)` once serving.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let cfg = cli.config()?;
+    let coord = RunningCoordinator::start(&cfg).await?;
+    println!("coordinator listening on {} ({} shard nodes)", coord.addr, cfg.shard_nodes.len());
+    shoal_proto::shutdown_signal().await;
+    println!("shutting down: finishing in-flight requests");
+    coord.shutdown().await
+}

@@ -1,0 +1,114 @@
+//! Which shard nodes answer. A prober asks every node's health service
+//! every `probe_interval` and marks a node down when it does not answer
+//! within `probe_timeout`; calls then treat it as gone at once instead of
+//! waiting for their own deadlines: writes to it fail fast (before any part
+//! is sent, so a batch does not half-apply), searches skip it, and calls in
+//! flight to it end. A node that answers again is up at the next probe.
+//!
+//! A node stopped with SIGSTOP keeps its TCP connections open and answers
+//! nothing, so only a deadline notices it; the probe's is short on purpose.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+use shoal_proto::{NodeId, ShoalError};
+use tokio::sync::watch;
+
+use crate::client::ShardClient;
+
+/// What the last probe of a node found.
+#[derive(Clone, Debug)]
+pub struct NodeHealth {
+    /// It answered the last probe (true until the first probe says otherwise).
+    pub up: bool,
+    /// Since when it has been in this state.
+    pub since: Instant,
+    /// Why it is down.
+    pub reason: String,
+}
+
+/// The health of every member, shared by all requests.
+pub struct Liveness {
+    nodes: RwLock<HashMap<NodeId, watch::Sender<NodeHealth>>>,
+}
+
+impl Liveness {
+    pub fn new(nodes: impl IntoIterator<Item = NodeId>) -> Self {
+        let up = || NodeHealth { up: true, since: Instant::now(), reason: String::new() };
+        Liveness { nodes: RwLock::new(nodes.into_iter().map(|n| (n, watch::Sender::new(up()))).collect()) }
+    }
+
+    /// The node's state now (unknown nodes are up: nothing says otherwise).
+    pub fn health(&self, node: &NodeId) -> NodeHealth {
+        self.nodes
+            .read()
+            .get(node)
+            .map_or_else(|| NodeHealth { up: true, since: Instant::now(), reason: String::new() }, |s| s.borrow().clone())
+    }
+
+    /// UNAVAILABLE if the node is marked down.
+    pub fn check(&self, node: &NodeId) -> Result<(), ShoalError> {
+        let h = self.health(node);
+        if h.up {
+            return Ok(());
+        }
+        Err(ShoalError::unavailable(
+            format!("node {node} has not answered for {:.1} s ({})", h.since.elapsed().as_secs_f64(), h.reason),
+            Duration::from_secs(1),
+        ))
+    }
+
+    /// Resolves once the node is marked down (never, for an unknown node).
+    pub async fn down(&self, node: &NodeId) -> ShoalError {
+        let rx = self.nodes.read().get(node).map(watch::Sender::subscribe);
+        let Some(mut rx) = rx else { return std::future::pending().await };
+        let _ = rx.wait_for(|h| !h.up).await;
+        self.check(node).err().unwrap_or_else(|| ShoalError::unavailable(format!("node {node} went down"), Duration::from_secs(1)))
+    }
+
+    fn set(&self, node: &NodeId, up: bool, reason: String) {
+        let nodes = self.nodes.read();
+        let Some(tx) = nodes.get(node) else { return };
+        tx.send_if_modified(|h| {
+            if h.up == up {
+                return false;
+            }
+            if up {
+                tracing::info!(%node, down_for = ?h.since.elapsed(), "shard node answers again");
+            } else {
+                tracing::warn!(%node, %reason, "shard node does not answer; marked down");
+            }
+            *h = NodeHealth { up, since: Instant::now(), reason };
+            true
+        });
+    }
+
+    /// Probes every node of `clients`, each on its own schedule so that a
+    /// silent node does not delay the others, until the tasks are aborted.
+    pub fn spawn_probers(
+        self: &Arc<Self>,
+        clients: HashMap<NodeId, ShardClient>,
+        interval: Duration,
+        timeout: Duration,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        clients
+            .into_iter()
+            .map(|(node, client)| {
+                let me = Arc::clone(self);
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(interval);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tick.tick().await;
+                        match client.ping(timeout).await {
+                            Ok(()) => me.set(&node, true, String::new()),
+                            Err(e) => me.set(&node, false, e.message),
+                        }
+                    }
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,54 @@
+//! Tests against separate processes on loopback: shard nodes and a
+//! coordinator that are killed (SIGKILL), stopped (SIGSTOP), starved of
+//! disk or files, and measured through /proc.
+//!
+//! This binary is also what it starts: run with `shard-node ...` or
+//! `coordinator ...` it is that process (see `shoal_ops::procs`), so the
+//! tests need no build step beyond their own. Tests run one at a time
+//! (they time what processes do, on a machine with few cores).
+
+mod codes;
+mod common;
+mod connections;
+mod disk_full;
+mod hung_node;
+mod limits;
+mod search_deadline;
+mod snapshots;
+
+use std::process::ExitCode;
+
+use libtest_mimic::{Arguments, Trial};
+
+fn main() -> ExitCode {
+    if let Some(ran) = shoal_ops::procs::run_role_if_asked() {
+        return match ran {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let mut args = Arguments::from_args();
+    if args.test_threads.is_none() {
+        args.test_threads = Some(1);
+    }
+    let tests = vec![
+        trial("a_full_disk_refuses_a_new_shard_and_the_node_keeps_serving", disk_full::a_full_disk_refuses_a_new_shard_and_the_node_keeps_serving),
+        trial("a_search_past_its_deadline_stops_on_every_node", search_deadline::a_search_past_its_deadline_stops_on_every_node),
+        trial("a_search_asking_too_much_is_refused_before_any_work", search_deadline::a_search_asking_too_much_is_refused_before_any_work),
+        trial("shard_limits_hold_and_a_refused_create_leaves_nothing", limits::shard_limits_hold_and_a_refused_create_leaves_nothing),
+        trial("a_low_open_file_limit_lowers_the_shard_limit", limits::a_low_open_file_limit_lowers_the_shard_limit),
+        trial("dropped_collections_give_back_files_and_memory", limits::dropped_collections_give_back_files_and_memory),
+        trial("every_documented_code_comes_from_a_real_failure", codes::every_documented_code_comes_from_a_real_failure),
+        trial("a_stopped_node_does_not_hang_the_cluster", hung_node::a_stopped_node_does_not_hang_the_cluster),
+        trial("silent_connections_are_closed_and_bounded", connections::silent_connections_are_closed_and_bounded),
+        trial("an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned", snapshots::an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned),
+    ];
+    libtest_mimic::run(&args, tests).exit_code()
+}
+
+fn trial(name: &'static str, test: fn() -> anyhow::Result<()>) -> Trial {
+    Trial::test(name, move || test().map_err(|e| format!("{e:#}").into()))
+}

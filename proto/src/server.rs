@@ -1,0 +1,54 @@
+//! What every shoal listener shares: its limits on connections and the
+//! HTTP/2 settings of the tonic server behind it (`[coordinator.listener]`
+//! and `[shard_node.listener]` in the config).
+
+use std::time::Duration;
+
+use crate::net::ConnectionLimits;
+
+/// Connection handling of one gRPC listener.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// A connection that has not started HTTP/2 this long after it was
+    /// accepted is closed.
+    pub handshake_timeout_ms: u64,
+    /// Connections open at once; more are closed as they arrive.
+    pub max_connections: usize,
+    /// The server pings each client this often over HTTP/2 ...
+    pub keepalive_interval_ms: u64,
+    /// ... and closes the connection when a ping goes unanswered this long,
+    /// so the requests of a client that vanished are cancelled.
+    pub keepalive_timeout_ms: u64,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        let limits = ConnectionLimits::default();
+        ListenerConfig {
+            handshake_timeout_ms: limits.handshake_timeout.as_millis() as u64,
+            max_connections: limits.max_connections,
+            keepalive_interval_ms: 10_000,
+            keepalive_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl ListenerConfig {
+    /// The accept loop's limits.
+    pub fn limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            handshake_timeout: Duration::from_millis(self.handshake_timeout_ms.max(1)),
+            max_connections: self.max_connections.max(1),
+        }
+    }
+
+    /// A tonic server builder with these settings; the caller adds layers
+    /// and services.
+    pub fn server(&self) -> tonic::transport::Server {
+        tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_millis(self.keepalive_interval_ms.max(1))))
+            .http2_keepalive_timeout(Some(Duration::from_millis(self.keepalive_timeout_ms.max(1))))
+            .tcp_keepalive(Some(Duration::from_secs(30)))
+    }
+}

@@ -1,0 +1,53 @@
+//! The `shoal-shard-node` command line: defaults, then the TOML file's
+//! `[shard_node]` section, then `SHOAL_SHARD_*` variables, then flags.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::Serialize;
+
+use crate::{RunningShardNode, ShardNodeConfig};
+
+/// Flags override the config file and the environment.
+#[derive(Parser, Serialize, Debug)]
+#[command(name = "shoal-shard-node", about = "Run a shoal shard node")]
+pub struct Cli {
+    /// TOML config file (see ops/shoal.example.toml, section [shard_node]).
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Cli {
+    /// The configuration these flags, the file and the environment give.
+    pub fn config(&self) -> anyhow::Result<ShardNodeConfig> {
+        let mut fig = Figment::from(Serialized::defaults(ShardNodeConfig::default()));
+        if let Some(path) = &self.config {
+            anyhow::ensure!(path.is_file(), "config file {} does not exist", path.display());
+            fig = fig.merge(Figment::from(Toml::file(path)).focus("shard_node"));
+        }
+        Ok(fig.merge(Env::prefixed("SHOAL_SHARD_").split("__")).merge(Serialized::globals(self)).extract()?)
+    }
+}
+
+/// What the binary does: serve until SIGINT/SIGTERM, then shut down
+/// gracefully. Prints `shard node <id> listening on <addr>` once serving.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let cfg = cli.config()?;
+    let node = RunningShardNode::start(&cfg).await?;
+    println!("shard node {} listening on {}", cfg.node_id, node.addr);
+    shoal_proto::shutdown_signal().await;
+    println!("shutting down: finishing queued batches");
+    node.shutdown().await
+}
