@@ -7,6 +7,7 @@ mod disk_bench;
 mod disk_compare;
 mod fvecs;
 mod groundtruth;
+mod hardening;
 mod index_bench;
 mod memory;
 mod snapshot_bench;
@@ -41,6 +42,9 @@ enum Command {
     DiskCompare(disk_compare::Args),
     /// Write a synthetic .fvecs file (clustered Gaussian vectors).
     Synth(synth::Args),
+    /// Issue 17's hostile-operator measurements against separate processes
+    /// from a directory of release binaries (old beside new).
+    Hardening(hardening::Args),
     /// Mount a FUSE passthrough that adds latency to every read (a
     /// simulated network disk).
     Slowfs(slowfs::Args),
@@ -64,5 +68,6 @@ fn main() -> anyhow::Result<()> {
         Command::DiskCompare(a) => disk_compare::run(a),
         Command::Slowfs(a) => slowfs::run(a),
         Command::Synth(a) => synth::run(a),
+        Command::Hardening(a) => hardening::run(a),
     }
 }

@@ -226,6 +226,13 @@ impl Proc {
         proc_status_kib(self.pid(), "VmRSS:").map(|k| k * 1024)
     }
 
+    /// Resident memory that is the process's own (heap, stacks), without
+    /// the pages of mapped files (LMDB's data, which is page cache the
+    /// kernel can take back), from /proc.
+    pub fn rss_anon_bytes(&self) -> anyhow::Result<u64> {
+        proc_status_kib(self.pid(), "RssAnon:").map(|k| k * 1024)
+    }
+
     /// CPU time used so far (user + system), from /proc.
     pub fn cpu_time(&self) -> anyhow::Result<Duration> {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))?;

@@ -1,6 +1,5 @@
-//! What a node's shards hold of the process: open files (several per
-//! shard, so the process's limit decides how many shards it can carry)
-//! and heap memory.
+//! Open files: a shard node holds several per shard, so the process's
+//! limit decides how many shards it can carry.
 
 use crate::config::ShardNodeConfig;
 
@@ -50,22 +49,4 @@ pub(crate) fn shards_the_files_allow(cfg: &ShardNodeConfig) -> usize {
         );
     }
     max
-}
-
-/// Gives the heap memory that is free back to the operating system.
-///
-/// glibc keeps freed memory in its arenas (one per thread that allocated,
-/// up to 8 per CPU) and returns only what lies at the top of a heap, so the
-/// memory of dropped shards, or of a large search that ended, stays
-/// resident although nothing uses it: three rounds of creating and dropping
-/// a 64-shard collection left a node at 123 MiB instead of 23 MiB. Trimming
-/// walks every arena once, which costs far less than what it follows (a
-/// shard drop, a search of megabytes).
-pub(crate) fn return_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free memory; it has no
-    // preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }

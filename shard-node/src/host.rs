@@ -87,7 +87,7 @@ pub struct ShardHost {
 
 /// A shard's place under the node's limit while it is being created;
 /// given back when the create ends, whichever way.
-struct Creating<'h> {
+pub(crate) struct Creating<'h> {
     host: &'h ShardHost,
     key: ShardKey,
 }
@@ -262,7 +262,7 @@ impl ShardHost {
 
     /// Counts a shard being created against the node's limit. `None` if
     /// another request is creating the same shard right now.
-    fn reserve(&self, key: &ShardKey) -> Result<Option<Creating<'_>>, ShoalError> {
+    pub(crate) fn reserve(&self, key: &ShardKey) -> Result<Option<Creating<'_>>, ShoalError> {
         let held = self.shards.read().len();
         let mut creating = self.creating.lock();
         if creating.contains(key) {
@@ -294,7 +294,7 @@ impl ShardHost {
         blocking(move || {
             std::fs::remove_dir_all(&dir).map_err(|e| ShoalError::internal(format!("removing {}: {e}", dir.display())))?;
             remove_if_empty(dir.parent());
-            crate::files::return_free_memory();
+            crate::memory::return_free_memory();
             Ok(())
         })
         .await?;

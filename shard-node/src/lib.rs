@@ -7,6 +7,7 @@ pub mod config;
 mod convert;
 mod files;
 pub mod host;
+mod memory;
 mod search;
 pub mod server;
 pub mod service;

@@ -29,6 +29,10 @@ pub(crate) struct Searches {
     max_answer_bytes: usize,
 }
 
+/// Searches asking for this many hits (queries × k) allocate megabytes,
+/// which glibc would keep after they end (see `memory`).
+const LARGE_SEARCH_HITS: u64 = 100_000;
+
 /// When the caller stops waiting: at its deadline, or when its handler is
 /// dropped (the client went away or reset the stream; tonic also drops it
 /// at the `grpc-timeout` deadline).
@@ -101,11 +105,17 @@ impl Searches {
             () = caller.deadline_reached() => return Err(stopped_error(&caller, 0, checked.queries.len())),
         };
         let max_answer_bytes = self.max_answer_bytes;
-        blocking(move || {
+        let large = checked.queries.len() as u64 * checked.params.k as u64 >= LARGE_SEARCH_HITS;
+        let answered = blocking(move || {
             let _slot = slot;
             answer(&index, &checked, &caller, max_answer_bytes)
         })
-        .await
+        .await;
+        if large {
+            // Its answer is freed once sent, or already was if it stopped.
+            crate::memory::return_free_memory_soon();
+        }
+        answered
     }
 
     /// Everything about the request that can be wrong, in the order a

@@ -147,6 +147,19 @@ impl ShardHost {
                 key.0, key.1
             )));
         }
+        // A shard new to this node counts against its limit like a create.
+        let _place = if self.has(&key) {
+            None
+        } else {
+            let place = self.reserve(&key)?;
+            if place.is_none() {
+                return Err(ShoalError::unavailable(
+                    format!("shard {}/{} is being created by another request", key.0, key.1),
+                    Duration::from_millis(200),
+                ));
+            }
+            place
+        };
         let (_busy, progress) = snaps.begin(&key, Operation::Restore, &snapshot_id)?;
         let dir = self.dir(&key);
         let staging = shoal_snapshot::sibling(&dir, "restore");

@@ -68,3 +68,77 @@ async fn bad_requests_get_the_right_code_and_change_nothing() {
     assert_eq!(offsets.offsets, vec![v1::SourceOffset { source: "job".into(), offset: 0 }], "a rejected batch moved the offset");
     tc.cluster.shutdown().await.unwrap();
 }
+
+/// A shard node validates what it is sent directly, in the order a caller
+/// should fix it: the query before `ef` (an `ef` of 0 means the default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_node_names_what_is_wrong_with_a_query() {
+    let mut rng = rng("a_shard_node_names_what_is_wrong_with_a_query");
+    let mut tc = cluster(1).await;
+    create(&mut tc.client, "docs", 4, v1::Metric::Cosine, 1).await;
+    ingest(&mut tc.client, vec![batch("docs", "job", 0, points(&mut rng, 4, 0..40))]).await.unwrap();
+    let addr = tc.cluster.node_addrs()[0];
+    let mut node = v1::shard_node_client::ShardNodeClient::connect(format!("http://{addr}")).await.unwrap();
+    let shard = || Some(v1::ShardId { collection: "docs".into(), shard: 0 });
+    let search = |queries: Vec<Vec<f32>>, k, ef| v1::SearchShardRequest {
+        shard: shard(),
+        queries: queries.into_iter().map(|values| v1::Vector { values }).collect(),
+        k,
+        ef,
+        with_payload: false,
+    };
+    let e = node.search_shard(search(vec![vec![1.0; 3]], 5, 0)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_eq!(e.message(), "shard docs/0: query: vector has dimension 3, the index expects 4");
+    let e = node.search_shard(search(vec![vec![1.0; 4], vec![1.0, f32::NAN, 0.0, 0.0]], 5, 0)).await.unwrap_err();
+    assert_eq!(e.message(), "shard docs/0: query 1: component 1 is NaN; every component must be finite");
+    let e = node.search_shard(search(vec![vec![1.0; 4]], 0, 0)).await.unwrap_err();
+    assert!(e.message().contains("k must be between 1 and"), "{}", e.message());
+    let e = node.search_shard(search(vec![], 5, 0)).await.unwrap_err();
+    assert!(e.message().contains("1 to 1024 query vectors, got 0"), "{}", e.message());
+    // ef 0 is the default, as through the coordinator.
+    let ok = node.search_shard(search(vec![vec![1.0; 4]], 5, 0)).await.unwrap().into_inner();
+    assert_eq!(ok.results[0].hits.len(), 5);
+    tc.cluster.shutdown().await.unwrap();
+}
+
+/// The same id twice in one write: the last one wins and counts once; an
+/// offset at 2^64-1 is refused, so its source can go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_ids_count_once_and_the_last_offset_is_refused() {
+    let mut tc = cluster(2).await;
+    create(&mut tc.client, "docs", 2, v1::Metric::Euclidean, 2).await;
+    let point = |id, x: f32| v1::Point { id, vector: vec![x, 0.0], payload: None };
+    let w = tc
+        .client
+        .upsert(v1::UpsertRequest { collection: "docs".into(), points: vec![point(7, 1.0), point(8, 5.0), point(7, 2.0)] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((w.upserted, w.deleted, w.missing), (2, 0, 0));
+    let got = tc.client.get(v1::GetRequest { collection: "docs".into(), ids: vec![7], with_vector: true }).await.unwrap().into_inner();
+    assert_eq!(got.points[0].vector, vec![2.0, 0.0], "the last upsert of id 7 wins");
+    assert_eq!(points_in(&mut tc.client, "docs").await, 2);
+
+    let e = ingest(&mut tc.client, vec![batch("docs", "job", u64::MAX, vec![point(9, 1.0)])]).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("reserved"), "{}", e.message());
+    // A shard node asked directly refuses it too.
+    let addr = tc.cluster.node_addrs()[0];
+    let mut node = v1::shard_node_client::ShardNodeClient::connect(format!("http://{addr}")).await.unwrap();
+    let shards = tc.client.describe_collection(v1::DescribeCollectionRequest { name: "docs".into() }).await.unwrap().into_inner().shards;
+    let on_node0 = shards.iter().find(|s| s.node == "shard-0").unwrap().shard;
+    let e = node
+        .apply_batch(v1::ApplyBatchRequest {
+            shard: Some(v1::ShardId { collection: "docs".into(), shard: on_node0 }),
+            source: Some(v1::SourceOffset { source: "job".into(), offset: u64::MAX }),
+            points: vec![],
+            deletes: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let acks = ingest(&mut tc.client, vec![batch("docs", "job", 1, vec![point(9, 1.0)])]).await.unwrap();
+    assert_eq!(acks[0].status, v1::BatchStatus::Applied as i32);
+    tc.cluster.shutdown().await.unwrap();
+}

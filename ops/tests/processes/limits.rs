@@ -114,9 +114,6 @@ pub(crate) fn dropped_collections_give_back_files_and_memory() -> anyhow::Result
         tokio::time::sleep(Duration::from_millis(300)).await;
         let (files1, rss1) = (node.open_files()?, node.rss_bytes()?);
         eprintln!("open files {files0} -> {files1}; RSS {} MiB -> {} MiB (peak {} MiB)", rss0 >> 20, rss1 >> 20, peak >> 20);
-        if let Ok(s) = std::fs::read_to_string(format!("/proc/{}/status", node.pid())) {
-            eprintln!("{}", s.lines().filter(|l| l.starts_with("Rss") || l.starts_with("Threads") || l.starts_with("VmRSS")).collect::<Vec<_>>().join("\n"));
-        }
         check!(fx, files1 <= files0 + 2, "open files grew from {files0} to {files1}");
         check!(fx, rss1 <= rss0 + rss0 / 4 + (8 << 20), "RSS grew from {rss0} to {rss1} bytes over three create/drop rounds");
         drop(client.list_collections(v1::ListCollectionsRequest {}).await?);
