@@ -83,11 +83,10 @@ impl ShardClient {
     /// Asks the node whether it serves, within `timeout`.
     pub async fn ping(&self, timeout: Duration) -> Result<(), ShoalError> {
         let ShardClient::Remote { health, .. } = self else { return Ok(()) };
-        let mut req = tonic::Request::new(HealthCheckRequest { service: "shoal.v1.ShardNode".into() });
-        req.set_timeout(timeout);
+        let req = tonic::Request::new(HealthCheckRequest { service: "shoal.v1.ShardNode".into() });
         let answer = tokio::time::timeout(timeout, health.clone().check(req))
             .await
-            .map_err(|_| ShoalError::deadline(format!("no health answer within {timeout:?}")))?
+            .map_err(|_| ShoalError::deadline(format!("no answer within {timeout:?}")))?
             .map_err(ShoalError::from_peer)?;
         match answer.into_inner().status() {
             ServingStatus::Serving => Ok(()),

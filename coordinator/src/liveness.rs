@@ -55,7 +55,7 @@ impl Liveness {
             return Ok(());
         }
         Err(ShoalError::unavailable(
-            format!("node {node} has not answered for {:.1} s ({})", h.since.elapsed().as_secs_f64(), h.reason),
+            format!("node {node} is down: its health check failed ({}), {:.1} s ago", h.reason, h.since.elapsed().as_secs_f64()),
             Duration::from_secs(1),
         ))
     }

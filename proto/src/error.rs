@@ -166,7 +166,7 @@ impl ShoalError {
             cause = e.source();
         }
         if timed_out {
-            return ShoalError::deadline(format!("no answer before the deadline ({})", status.message()));
+            return ShoalError::deadline("no answer before the call's deadline");
         }
         let code = status.code();
         if code == Code::OutOfRange && status.message().contains("message length too large") {
