@@ -80,6 +80,9 @@ pub(crate) fn run(a: Args) -> Result<()> {
     out.insert("bin_dir".into(), json!(a.bin_dir));
     for s in a.scenarios.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let dir = base.join(s);
+        if dir.read_dir().is_ok_and(|mut d| d.next().is_some()) {
+            anyhow::bail!("{} holds an earlier run; remove it or choose another --dir", dir.display());
+        }
         eprintln!("== {s}");
         let r = match s {
             "cancel" => rt.block_on(cancel(&a, &dir)),
@@ -226,12 +229,21 @@ async fn hung(a: &Args, dir: &Path) -> Result<Value> {
         .await?;
     c.upsert(v1::UpsertRequest { collection: "docs".into(), points: random_points(&mut rng, 16, 0..300) }).await?;
     cluster.nodes[2].stop()?;
+    // The signal is delivered asynchronously; let it land.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let mut out = serde_json::Map::new();
+    // Status first: nothing has noticed the stop yet (the worst case).
+    let started = Instant::now();
+    let status = c.clone().cluster_status(v1::ClusterStatusRequest {}).await;
+    let took = started.elapsed();
+    let seen: Vec<String> = match &status {
+        Ok(s) => s.get_ref().nodes.iter().map(|n| format!("{} {}", n.id, if n.available { "up" } else { "DOWN" })).collect(),
+        Err(e) => vec![format!("{e:?}")],
+    };
+    out.insert("cluster_status".into(), json!({ "ms": took.as_millis() as u64, "nodes": seen }));
     let pts = random_points(&mut rng, 16, 1_000..1_030);
     let (t, r) = timed(c.clone().upsert(v1::UpsertRequest { collection: "docs".into(), points: pts })).await;
-    out.insert("upsert_right_after_stop".into(), json!({ "ms": t.as_millis() as u64, "result": r }));
-    let (t, r) = timed(c.clone().cluster_status(v1::ClusterStatusRequest {})).await;
-    out.insert("cluster_status".into(), json!({ "ms": t.as_millis() as u64, "result": r }));
+    out.insert("upsert_right_after_status".into(), json!({ "ms": t.as_millis() as u64, "result": r }));
     let pts = random_points(&mut rng, 16, 2_000..2_030);
     let (t, r) = timed(c.clone().upsert(v1::UpsertRequest { collection: "docs".into(), points: pts })).await;
     out.insert("upsert_later".into(), json!({ "ms": t.as_millis() as u64, "result": r }));
