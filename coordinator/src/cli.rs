@@ -4,8 +4,6 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
 use serde::Serialize;
 
 use crate::config::ShardNodeEntry;
@@ -15,7 +13,7 @@ use crate::{CoordinatorConfig, RunningCoordinator};
 #[derive(Parser, Serialize, Debug)]
 #[command(name = "shoal-coordinator", about = "Run a shoal coordinator")]
 pub struct Cli {
-    /// TOML config file (see ops/shoal.example.toml, section [coordinator]).
+    /// TOML config file (see `ops/shoal.example.toml`, section `[coordinator]`).
     #[arg(long)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
@@ -37,12 +35,7 @@ fn parse_node(s: &str) -> Result<ShardNodeEntry, String> {
 impl Cli {
     /// The configuration these flags, the file and the environment give.
     pub fn config(&self) -> anyhow::Result<CoordinatorConfig> {
-        let mut fig = Figment::from(Serialized::defaults(CoordinatorConfig::default()));
-        if let Some(path) = &self.config {
-            anyhow::ensure!(path.is_file(), "config file {} does not exist", path.display());
-            fig = fig.merge(Figment::from(Toml::file(path)).focus("coordinator"));
-        }
-        Ok(fig.merge(Env::prefixed("SHOAL_COORD_").split("__")).merge(Serialized::globals(self)).extract()?)
+        shoal_server::config::load(self.config.as_deref(), "coordinator", "SHOAL_COORD_", self)
     }
 }
 
@@ -50,9 +43,12 @@ impl Cli {
 /// gracefully. Prints `coordinator listening on <addr> (...)` once serving.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let cfg = cli.config()?;
+    let telemetry = shoal_server::telemetry::init("shoal-coordinator", &cfg.listen.to_string(), &cfg.telemetry);
     let coord = RunningCoordinator::start(&cfg).await?;
     println!("coordinator listening on {} ({} shard nodes)", coord.addr, cfg.shard_nodes.len());
-    shoal_proto::shutdown_signal().await;
+    shoal_server::shutdown_signal().await;
     println!("shutting down: finishing in-flight requests");
-    coord.shutdown().await
+    let stopped = coord.shutdown().await;
+    telemetry.flush();
+    stopped
 }

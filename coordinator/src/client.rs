@@ -104,6 +104,7 @@ macro_rules! forward {
         pub async fn $name(&self, req: $req, timeout: Duration) -> Result<$resp, ShoalError> {
             let mut request = tonic::Request::new(req);
             request.set_timeout(timeout);
+            shoal_server::propagation::inject(request.metadata_mut());
             let call = async {
                 match self {
                     ShardClient::Remote { node, .. } => node.clone().$name(request).await,

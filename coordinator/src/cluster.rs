@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use tracing::Instrument;
 use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
 
 use crate::client::{PeerSettings, ShardClient};
@@ -101,6 +102,7 @@ impl Cluster {
     /// background (so it must be made inside a tokio runtime).
     pub fn new(meta: Arc<dyn MetadataStore>, clients: HashMap<NodeId, ShardClient>, opts: ClusterOptions) -> Self {
         let liveness = Arc::new(Liveness::new(clients.keys().cloned()));
+        liveness.export_gauge();
         let probers = liveness.spawn_probers(
             clients.clone(),
             Duration::from_millis(opts.peers.probe_interval_ms.max(1)),
@@ -313,7 +315,9 @@ impl Cluster {
         use futures::StreamExt;
         let calls = (0..c.shard_count()).map(|i| {
             let node = c.placement[i as usize].clone();
-            let call = self.client(&node).cloned().map(|cl| f(cl, Self::shard_id(c, i), timeout));
+            let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = %node);
+            // Made inside the span, so the call carries its trace context.
+            let call = span.in_scope(|| self.client(&node).cloned().map(|cl| f(cl, Self::shard_id(c, i), timeout)));
             async move {
                 let r = match call {
                     Ok(fut) => self.on_node(&node, fut).await,
@@ -321,6 +325,7 @@ impl Cluster {
                 };
                 (i, node, r)
             }
+            .instrument(span)
         });
         let mut running: futures::stream::FuturesUnordered<_> = calls.collect();
         let mut g = Gathered { answers: Vec::new(), failures: Vec::new() };
@@ -352,11 +357,14 @@ impl Cluster {
         caller: Option<Duration>,
     ) -> Result<Written, ShoalError> {
         let c = self.collection(collection)?;
-        validate::write(&points, &deletes, &c.spec, &self.opts.limits)?;
-        if let Some(s) = &source {
-            validate::source(s, &self.opts.limits)?;
-        }
-        let parts = split(points, deletes, c.shard_count());
+        tracing::info_span!("validate", points = points.len(), deletes = deletes.len()).in_scope(|| {
+            validate::write(&points, &deletes, &c.spec, &self.opts.limits)?;
+            if let Some(s) = &source {
+                validate::source(s, &self.opts.limits)?;
+            }
+            Ok::<_, ShoalError>(())
+        })?;
+        let parts = tracing::info_span!("split", shards = c.shard_count()).in_scope(|| split(points, deletes, c.shard_count()));
         let targets: Vec<(u32, Part)> = parts
             .into_iter()
             .enumerate()
@@ -375,6 +383,7 @@ impl Cluster {
         let timeout = bounded(self.opts.write_timeout, caller);
         let calls = targets.into_iter().map(|(i, part)| {
             let node = c.placement[i as usize].clone();
+            let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = %node, points = part.points.len());
             let req = v1::ApplyBatchRequest {
                 shard: Self::shard_id(&c, i),
                 source: source.clone(),
@@ -386,6 +395,7 @@ impl Cluster {
                 let r = self.on_node(&node, client.apply_batch(req, timeout)).await;
                 r.map_err(|e| retry_hint(e).context(format!("shard {i} on node {node}"))).map(|a| (i, a))
             }
+            .instrument(span)
         });
         let mut w = Written::default();
         let mut committed = Vec::new();
@@ -539,7 +549,8 @@ impl Cluster {
                 per_query[qi].push(r.hits);
             }
         }
-        let results = per_query.into_iter().map(|lists| merge_top_k(lists, k as usize)).collect();
+        let results = tracing::info_span!("merge", queries = n, k)
+            .in_scope(|| per_query.into_iter().map(|lists| merge_top_k(lists, k as usize)).collect());
         Ok(SearchOutcome { results, shards_total: total, shards_answered: answered, partial: answered < total })
     }
 

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use shoal_proto::ListenerConfig;
+use shoal_server::{ListenerConfig, TelemetryConfig};
 
 use crate::client::PeerSettings;
 use crate::validate::Limits;
@@ -31,6 +31,8 @@ pub struct CoordinatorConfig {
     pub listener: ListenerConfig,
     /// Channels to the shard nodes and their health probes.
     pub peers: PeerSettings,
+    /// Traces and metrics.
+    pub telemetry: TelemetryConfig,
     pub limits: Limits,
 }
 
@@ -54,6 +56,7 @@ impl Default for CoordinatorConfig {
             max_message_bytes: 64 << 20,
             listener: ListenerConfig::default(),
             peers: PeerSettings::default(),
+            telemetry: TelemetryConfig::default(),
             limits: Limits::default(),
         }
     }

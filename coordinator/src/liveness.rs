@@ -34,10 +34,39 @@ pub struct Liveness {
     nodes: RwLock<HashMap<NodeId, watch::Sender<NodeHealth>>>,
 }
 
+/// Every coordinator's liveness in this process, for the `shoal.node.up`
+/// gauge (registered once per process).
+static WATCHED: parking_lot::Mutex<Vec<std::sync::Weak<Liveness>>> = parking_lot::Mutex::new(Vec::new());
+
+fn register_gauge() {
+    let _ = opentelemetry::global::meter("shoal-coordinator")
+        .u64_observable_gauge("shoal.node.up")
+        .with_description("1 if the shard node answered its last health probe, 0 if it is marked down")
+        .with_callback(|obs| {
+            WATCHED.lock().retain(|w| match w.upgrade() {
+                Some(l) => {
+                    for (node, tx) in l.nodes.read().iter() {
+                        obs.observe(u64::from(tx.borrow().up), &[opentelemetry::KeyValue::new("node", node.to_string())]);
+                    }
+                    true
+                }
+                None => false,
+            });
+        })
+        .build();
+}
+
 impl Liveness {
     pub fn new(nodes: impl IntoIterator<Item = NodeId>) -> Self {
         let up = || NodeHealth { up: true, since: Instant::now(), reason: String::new() };
         Liveness { nodes: RwLock::new(nodes.into_iter().map(|n| (n, watch::Sender::new(up()))).collect()) }
+    }
+
+    /// Reports this liveness in the `shoal.node.up` gauge.
+    pub fn export_gauge(self: &Arc<Self>) {
+        static GAUGE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+        WATCHED.lock().push(Arc::downgrade(self));
+        GAUGE.get_or_init(register_gauge);
     }
 
     /// The node's state now (unknown nodes are up: nothing says otherwise).

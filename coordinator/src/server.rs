@@ -1,5 +1,6 @@
-//! Running a coordinator: build the cluster view, serve gRPC with health
-//! and reflection, shut down gracefully.
+//! Running a coordinator: build the cluster view, serve its gRPC service
+//! through `shoal_server` (health, reflection, telemetry, connection
+//! limits), shut down gracefully.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -21,7 +22,7 @@ pub struct RunningCoordinator {
     pub addr: SocketAddr,
     pub cluster: Arc<Cluster>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
 /// The cluster view for a static membership, with gRPC clients.
@@ -59,29 +60,17 @@ impl RunningCoordinator {
             tracing::warn!(%node, error = %e, "shard node not reachable at start; its collections are not served yet");
         }
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (health, health_service) = tonic_health::server::health_reporter();
-        health.set_serving::<ShoalServer<ShoalService>>().await;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(shoal_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        // Advertise only what this server serves (the descriptor set also
-        // describes the other side's service).
-        .with_service_name("shoal.v1.Shoal")
-        .with_service_name("grpc.health.v1.Health")
-            .build_v1()?;
         let svc = ShoalServer::new(ShoalService::new(Arc::clone(&cluster), cfg.max_message_bytes))
             .max_decoding_message_size(cfg.max_message_bytes)
             .max_encoding_message_size(cfg.max_message_bytes);
-        let server = cfg
-            .listener
-            .server()
-            .layer(tower::util::MapResponseLayer::new(shoal_proto::oversized_is_resource_exhausted))
-            .add_service(health_service)
-            .add_service(reflection)
-            .add_service(svc)
-            .serve_with_incoming_shutdown(shoal_proto::accept(listener, cfg.listener.limits()), async {
+        let (listener_cfg, metrics) = (cfg.listener.clone(), cfg.telemetry.metrics);
+        let server = async move {
+            let routes = tonic::service::Routes::new(svc);
+            shoal_server::grpc::serve(routes, &["shoal.v1.Shoal"], listener, &listener_cfg, metrics, async {
                 let _ = stopped.await;
-            });
+            })
+            .await
+        };
         let task = tokio::spawn(server);
         tracing::info!(%addr, "coordinator serving");
         Ok(RunningCoordinator { addr, cluster, stop: Some(stop), task })

@@ -9,6 +9,7 @@ use shoal_proto::{ShoalError, v1};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use crate::cluster::{Cluster, SearchQuery};
 
@@ -79,6 +80,8 @@ impl Shoal for ShoalService {
         // so reordering would drop data). The bounded channel and reading
         // the next batch only after the previous ack are the backpressure.
         let (tx, rx) = tokio::sync::mpsc::channel(4);
+        // The stream's batches are traced under the Ingest call's span.
+        let stream_span = tracing::Span::current();
         tokio::spawn(async move {
             let mut collection = String::new();
             while let Some(next) = batches.next().await {
@@ -96,7 +99,8 @@ impl Shoal for ShoalService {
                     collection.clone_from(&batch.collection);
                 }
                 let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-                let ack = cluster.ingest(batch, left).await.map_err(Status::from);
+                let span = tracing::info_span!(parent: &stream_span, "ingest.batch", collection = %batch.collection, source = %batch.source, offset = batch.offset, points = batch.points.len());
+                let ack = cluster.ingest(batch, left).instrument(span).await.map_err(Status::from);
                 let failed = ack.is_err();
                 if tx.send(ack).await.is_err() || failed {
                     return;
@@ -114,14 +118,16 @@ impl Shoal for ShoalService {
     async fn upsert(&self, r: Request<v1::UpsertRequest>) -> Result<Response<v1::WriteResponse>, Status> {
         let caller = caller(&r);
         let v1::UpsertRequest { collection, points } = r.into_inner();
-        let w = self.cluster.write(&collection, points, Vec::new(), None, caller).await?;
+        let span = tracing::info_span!("upsert", collection = %collection, points = points.len());
+        let w = self.cluster.write(&collection, points, Vec::new(), None, caller).instrument(span).await?;
         Ok(Response::new(v1::WriteResponse { upserted: w.upserted, deleted: w.deleted, missing: w.missing }))
     }
 
     async fn delete(&self, r: Request<v1::DeleteRequest>) -> Result<Response<v1::WriteResponse>, Status> {
         let caller = caller(&r);
         let v1::DeleteRequest { collection, ids } = r.into_inner();
-        let w = self.cluster.write(&collection, Vec::new(), ids, None, caller).await?;
+        let span = tracing::info_span!("delete", collection = %collection, ids = ids.len());
+        let w = self.cluster.write(&collection, Vec::new(), ids, None, caller).instrument(span).await?;
         Ok(Response::new(v1::WriteResponse { upserted: w.upserted, deleted: w.deleted, missing: w.missing }))
     }
 
@@ -134,7 +140,8 @@ impl Shoal for ShoalService {
         let caller = caller(&r);
         let v1::SearchRequest { collection, vector, k, ef, with_payload, allow_partial, timeout_ms } = r.into_inner();
         let q = SearchQuery { collection, queries: vec![vector], k, ef, with_payload, allow_partial, timeout_ms };
-        let mut out = self.cluster.search_many(q, caller).await?;
+        let span = tracing::info_span!("search", collection = %q.collection, queries = 1, k = q.k, ef = q.ef);
+        let mut out = self.cluster.search_many(q, caller).instrument(span).await?;
         let hits = out.results.pop().ok_or_else(|| ShoalError::internal("search produced no result"))?;
         self.fits(v1::SearchResponse {
             hits,
@@ -149,7 +156,8 @@ impl Shoal for ShoalService {
         let v1::SearchBatchRequest { collection, queries, k, ef, with_payload, allow_partial, timeout_ms } = r.into_inner();
         let queries = queries.into_iter().map(|v| v.values).collect();
         let q = SearchQuery { collection, queries, k, ef, with_payload, allow_partial, timeout_ms };
-        let out = self.cluster.search_many(q, caller).await?;
+        let span = tracing::info_span!("search", collection = %q.collection, queries = q.queries.len(), k = q.k, ef = q.ef);
+        let out = self.cluster.search_many(q, caller).instrument(span).await?;
         self.fits(v1::SearchBatchResponse {
             results: out.results.into_iter().map(|hits| v1::SearchResult { hits }).collect(),
             shards_total: out.shards_total,
@@ -163,7 +171,9 @@ impl Shoal for ShoalService {
     }
 
     async fn create_snapshot(&self, r: Request<v1::CreateSnapshotRequest>) -> Result<Response<v1::CreateSnapshotResponse>, Status> {
-        Ok(Response::new(self.cluster.create_snapshot(r.into_inner()).await?))
+        let req = r.into_inner();
+        let span = tracing::info_span!("snapshot", collection = %req.collection);
+        Ok(Response::new(self.cluster.create_snapshot(req).instrument(span).await?))
     }
 
     async fn list_snapshots(&self, r: Request<v1::ListSnapshotsRequest>) -> Result<Response<v1::ListSnapshotsResponse>, Status> {
@@ -171,7 +181,9 @@ impl Shoal for ShoalService {
     }
 
     async fn restore_snapshot(&self, r: Request<v1::RestoreSnapshotRequest>) -> Result<Response<v1::RestoreSnapshotResponse>, Status> {
-        Ok(Response::new(self.cluster.restore_snapshot(r.into_inner()).await?))
+        let req = r.into_inner();
+        let span = tracing::info_span!("restore", collection = %req.collection, snapshot = %req.snapshot_id);
+        Ok(Response::new(self.cluster.restore_snapshot(req).instrument(span).await?))
     }
 
     async fn prune_snapshots(&self, r: Request<v1::PruneSnapshotsRequest>) -> Result<Response<v1::PruneSnapshotsResponse>, Status> {

@@ -9,6 +9,7 @@ use shoal_coordinator::config::ShardNodeEntry;
 use shoal_coordinator::{CoordinatorConfig, RunningCoordinator};
 use shoal_proto::v1::shoal_client::ShoalClient;
 use shoal_shard_node::config::{EngineConfig, SnapshotConfig};
+use shoal_server::TelemetryConfig;
 use shoal_shard_node::{RunningShardNode, ShardNodeConfig};
 use tonic::transport::Channel;
 
@@ -27,6 +28,9 @@ pub struct EmbeddedConfig {
     /// restores on any other.
     pub snapshot: SnapshotConfig,
     pub coordinator: CoordinatorConfig,
+    /// Logs, traces and metrics of the process (set up by the first
+    /// cluster a process starts; every node serves the same `/metrics`).
+    pub telemetry: TelemetryConfig,
 }
 
 impl EmbeddedConfig {
@@ -43,6 +47,7 @@ impl EmbeddedConfig {
             first_shard_port: 0,
             engine: EngineConfig::default(),
             coordinator: CoordinatorConfig::default(),
+            telemetry: TelemetryConfig { log: "warn".into(), ..TelemetryConfig::default() },
         }
     }
 
@@ -54,6 +59,7 @@ impl EmbeddedConfig {
             data_dir: self.data_dir.join(format!("shard-{i}")),
             engine: self.engine.clone(),
             snapshot: self.snapshot.clone(),
+            telemetry: self.telemetry.clone(),
             ..ShardNodeConfig::default()
         }
     }
@@ -70,6 +76,7 @@ pub struct EmbeddedCluster {
 impl EmbeddedCluster {
     pub async fn start(cfg: EmbeddedConfig) -> anyhow::Result<EmbeddedCluster> {
         anyhow::ensure!(cfg.shard_nodes > 0, "an embedded cluster needs at least one shard node");
+        shoal_server::telemetry::init("shoal-embedded", "embedded", &cfg.telemetry);
         let mut nodes = Vec::new();
         let mut node_configs = Vec::new();
         for i in 0..cfg.shard_nodes {
@@ -82,6 +89,7 @@ impl EmbeddedCluster {
         }
         let mut ccfg = cfg.coordinator.clone();
         ccfg.listen = cfg.coordinator_listen;
+        ccfg.telemetry = cfg.telemetry.clone();
         ccfg.shard_nodes = node_configs
             .iter()
             .map(|n| ShardNodeEntry { id: n.node_id.clone(), address: n.listen.to_string() })

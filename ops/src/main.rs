@@ -69,10 +69,14 @@ enum Collections {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .init();
     let cli = Cli::parse();
+    // The embedded cluster sets up the process's telemetry itself (logs
+    // included, and traces when OTEL_EXPORTER_OTLP_ENDPOINT is set).
+    if !matches!(cli.command, Command::Demo(_) | Command::Dev { .. }) {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+            .init();
+    }
     match cli.command {
         Command::Demo(args) => demo::run(args).await,
         Command::Dev { data_dir, shard_nodes, port } => dev(data_dir, shard_nodes, port).await,

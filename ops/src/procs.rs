@@ -395,10 +395,6 @@ pub fn run_role_if_asked() -> Option<anyhow::Result<()>> {
         "coordinator" => Role::Coordinator,
         _ => return None,
     };
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .try_init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return Some(Err(e.into())),

@@ -1,9 +1,9 @@
 //! shoal's gRPC contract: the public `shoal.v1.Shoal` service (served by
 //! coordinators), the internal `shoal.v1.ShardNode` service (served by shard
 //! nodes), typed ids and the error codes both map to gRPC statuses.
-#![allow(missing_docs, unreachable_pub, clippy::all)]
 
 /// Generated code of package `shoal.v1`.
+#[allow(missing_docs, unreachable_pub, clippy::all, clippy::wildcard_enum_match_arm)]
 pub mod v1 {
     tonic::include_proto!("shoal.v1");
 }
@@ -11,13 +11,8 @@ pub mod v1 {
 pub mod deadline;
 mod error;
 mod ids;
-pub mod net;
-mod server;
 
-pub use net::{ConnectionLimits, accept, shutdown_signal};
-pub use server::ListenerConfig;
-
-pub use error::{ErrorCode, ShoalError, oversized_is_resource_exhausted};
+pub use error::{ErrorCode, RETRY_AFTER_MS, ShoalError, oversized_is_resource_exhausted};
 pub use ids::{CollectionName, IdError, NodeId};
 
 /// The encoded `FileDescriptorSet` of every shoal proto file: served by gRPC

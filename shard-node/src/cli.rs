@@ -4,8 +4,6 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
 use serde::Serialize;
 
 use crate::{RunningShardNode, ShardNodeConfig};
@@ -14,7 +12,7 @@ use crate::{RunningShardNode, ShardNodeConfig};
 #[derive(Parser, Serialize, Debug)]
 #[command(name = "shoal-shard-node", about = "Run a shoal shard node")]
 pub struct Cli {
-    /// TOML config file (see ops/shoal.example.toml, section [shard_node]).
+    /// TOML config file (see `ops/shoal.example.toml`, section `[shard_node]`).
     #[arg(long)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
@@ -32,12 +30,7 @@ pub struct Cli {
 impl Cli {
     /// The configuration these flags, the file and the environment give.
     pub fn config(&self) -> anyhow::Result<ShardNodeConfig> {
-        let mut fig = Figment::from(Serialized::defaults(ShardNodeConfig::default()));
-        if let Some(path) = &self.config {
-            anyhow::ensure!(path.is_file(), "config file {} does not exist", path.display());
-            fig = fig.merge(Figment::from(Toml::file(path)).focus("shard_node"));
-        }
-        Ok(fig.merge(Env::prefixed("SHOAL_SHARD_").split("__")).merge(Serialized::globals(self)).extract()?)
+        shoal_server::config::load(self.config.as_deref(), "shard_node", "SHOAL_SHARD_", self)
     }
 }
 
@@ -45,9 +38,12 @@ impl Cli {
 /// gracefully. Prints `shard node <id> listening on <addr>` once serving.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let cfg = cli.config()?;
+    let telemetry = shoal_server::telemetry::init("shoal-shard-node", &cfg.node_id, &cfg.telemetry);
     let node = RunningShardNode::start(&cfg).await?;
     println!("shard node {} listening on {}", cfg.node_id, node.addr);
-    shoal_proto::shutdown_signal().await;
+    shoal_server::shutdown_signal().await;
     println!("shutting down: finishing queued batches");
-    node.shutdown().await
+    let stopped = node.shutdown().await;
+    telemetry.flush();
+    stopped
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use shoal_engine::{IndexOptions, LinkLog};
-use shoal_proto::ListenerConfig;
+use shoal_server::{ListenerConfig, TelemetryConfig};
 
 use crate::writer::WriterOptions;
 
@@ -25,6 +25,8 @@ pub struct ShardNodeConfig {
     pub listener: ListenerConfig,
     /// How much this node takes on.
     pub limits: NodeLimits,
+    /// Traces and metrics.
+    pub telemetry: TelemetryConfig,
     pub engine: EngineConfig,
     pub writer: WriterConfig,
     pub snapshot: SnapshotConfig,
@@ -39,6 +41,7 @@ impl Default for ShardNodeConfig {
             max_message_bytes: 64 << 20,
             listener: ListenerConfig::default(),
             limits: NodeLimits::default(),
+            telemetry: TelemetryConfig::default(),
             engine: EngineConfig::default(),
             writer: WriterConfig::default(),
             snapshot: SnapshotConfig::default(),

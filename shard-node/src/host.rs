@@ -10,6 +10,7 @@ use shoal_engine::{Batch, BatchOutcome, Index, IndexOptions, Op, Point};
 use shoal_proto::v1;
 use shoal_proto::{CollectionName, ShoalError};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::config::{NodeLimits, ShardNodeConfig};
 use crate::convert::{engine_error, params_to_spec, payload_from_engine, payload_to_engine, spec_to_params};
@@ -66,6 +67,11 @@ impl Shard {
         if let Some(w) = writer {
             w.close().await;
         }
+    }
+
+    /// Batch parts waiting for the writer.
+    pub(crate) fn queue_depth(&self) -> usize {
+        self.writer.lock().as_ref().map_or(0, ShardWriter::queue_depth)
     }
 }
 
@@ -150,6 +156,7 @@ impl ShardHost {
             let index = tokio::task::spawn_blocking(move || Index::open(dir, opts)).await??;
             host.insert(key, index, shard_count);
         }
+        crate::metrics::watch(&host);
         let held = host.shards.read().len();
         if held > max_shards {
             tracing::warn!(held, max_shards, "this node holds more shards than its limit; it creates no more until some are dropped");
@@ -159,7 +166,7 @@ impl ShardHost {
 
     fn insert(&self, key: ShardKey, index: Index, shard_count: u32) -> Arc<Shard> {
         let index = Arc::new(index);
-        let writer = ShardWriter::spawn(Arc::clone(&index), self.writer);
+        let writer = ShardWriter::spawn(Arc::clone(&index), self.writer, crate::metrics::labels(&key));
         let shard = Arc::new(Shard { index, shard_count, writer: Mutex::new(Some(writer)) });
         self.shards.write().insert(key, Arc::clone(&shard));
         shard
@@ -178,6 +185,11 @@ impl ShardHost {
             return Err(ShoalError::unavailable("node is shutting down", std::time::Duration::from_secs(1)));
         }
         Ok(())
+    }
+
+    /// Every shard served now.
+    pub(crate) fn shards_now(&self) -> Vec<(ShardKey, Arc<Shard>)> {
+        self.shards.read().iter().map(|(k, s)| (k.clone(), Arc::clone(s))).collect()
     }
 
     pub(crate) fn has(&self, key: &ShardKey) -> bool {
@@ -312,7 +324,14 @@ impl ShardHost {
         }
         ops.extend(deletes.into_iter().map(Op::DeleteIfPresent));
         let source = source.map(|v1::SourceOffset { source, offset }| shoal_engine::SourceOffset { source, offset });
-        let outcome = target.submit(Batch { ops, source }).await.map_err(shard_error(&key))?;
+        let span = tracing::info_span!(
+            "apply",
+            collection = %key.0,
+            shard = key.1,
+            ops = ops.len(),
+            queue_wait_ms = tracing::field::Empty
+        );
+        let outcome = target.submit(Batch { ops, source }).instrument(span).await.map_err(shard_error(&key))?;
         Ok(match outcome {
             BatchOutcome::Applied { upserted, deleted, missing } => v1::ApplyBatchResponse {
                 status: v1::BatchStatus::Applied as i32,
@@ -334,7 +353,11 @@ impl ShardHost {
     pub(crate) async fn search(&self, req: v1::SearchShardRequest, caller: Caller) -> Result<v1::SearchShardResponse, ShoalError> {
         let key = key_of(req.shard.clone())?;
         let target = self.get(&key)?;
-        let results = self.searches.run(Arc::clone(&target.index), req, caller).await.map_err(shard_error(&key))?;
+        let span = tracing::info_span!("search", collection = %key.0, shard = key.1, queries = req.queries.len(), k = req.k, ef = req.ef);
+        let started = std::time::Instant::now();
+        let results = self.searches.run(Arc::clone(&target.index), req, caller).instrument(span).await;
+        crate::metrics::get().search_duration.record(started.elapsed().as_secs_f64(), &crate::metrics::labels(&key));
+        let results = results.map_err(shard_error(&key))?;
         Ok(v1::SearchShardResponse { results })
     }
 

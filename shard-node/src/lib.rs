@@ -8,6 +8,7 @@ mod convert;
 mod files;
 pub mod host;
 mod memory;
+mod metrics;
 mod search;
 pub mod server;
 pub mod service;

@@ -106,9 +106,10 @@ impl Searches {
         };
         let max_answer_bytes = self.max_answer_bytes;
         let large = checked.queries.len() as u64 * checked.params.k as u64 >= LARGE_SEARCH_HITS;
+        let span = tracing::Span::current();
         let answered = blocking(move || {
             let _slot = slot;
-            answer(&index, &checked, &caller, max_answer_bytes)
+            span.in_scope(|| answer(&index, &checked, &caller, max_answer_bytes))
         })
         .await;
         if large {

@@ -1,4 +1,5 @@
-//! Running a shard node: gRPC server with health and reflection, graceful
+//! Running a shard node: its gRPC service through `shoal_server` (which
+//! adds health, reflection, telemetry and the connection limits), graceful
 //! shutdown.
 
 use std::future::Future;
@@ -17,7 +18,7 @@ pub struct RunningShardNode {
     pub addr: SocketAddr,
     pub host: Arc<ShardHost>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
 impl RunningShardNode {
@@ -58,27 +59,10 @@ pub async fn serve(
     listener: TcpListener,
     cfg: ShardNodeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), tonic::transport::Error> {
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<ShardNodeServer<ShardNodeService>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(shoal_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        // Advertise only what this server serves (the descriptor set also
-        // describes the other side's service).
-        .with_service_name("shoal.v1.ShardNode")
-        .with_service_name("grpc.health.v1.Health")
-        .build_v1()
-        .expect("the descriptor set compiled into shoal-proto is valid");
+) -> anyhow::Result<()> {
     let svc = ShardNodeServer::new(ShardNodeService::new(host))
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(cfg.max_message_bytes);
-    cfg.listener
-        .server()
-        .layer(tower::util::MapResponseLayer::new(shoal_proto::oversized_is_resource_exhausted))
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(svc)
-        .serve_with_incoming_shutdown(shoal_proto::accept(listener, cfg.listener.limits()), shutdown)
-        .await
+    let routes = tonic::service::Routes::new(svc);
+    shoal_server::grpc::serve(routes, &["shoal.v1.ShardNode"], listener, &cfg.listener, cfg.telemetry.metrics, shutdown).await
 }

@@ -128,6 +128,7 @@ impl ShardHost {
             .await
             .map_err(|e| snapshot_error(e).context(format!("snapshot of shard {}/{}", key.0, key.1)))?;
         tracing::info!(collection = %key.0, shard = key.1, id = %m.id, bytes = m.image_bytes, uploaded = m.uploaded_bytes, "snapshot published");
+        record(&key, "snapshot", m.image_bytes, started.elapsed());
         Ok(snapshot_info(&m, started.elapsed().as_millis() as u64))
     }
 
@@ -161,6 +162,7 @@ impl ShardHost {
             place
         };
         let (_busy, progress) = snaps.begin(&key, Operation::Restore, &snapshot_id)?;
+        let started = Instant::now();
         let dir = self.dir(&key);
         let staging = shoal_snapshot::sibling(&dir, "restore");
         let source = RestoreSource { collection: key.0.to_string(), shard: key.1, id: snapshot_id };
@@ -200,6 +202,7 @@ impl ShardHost {
         }
         self.reopen(&key, &dir).await.map_err(context)?;
         tracing::info!(collection = %key.0, shard = key.1, id = %m.id, points = m.points, "shard restored from snapshot");
+        record(&key, "restore", m.image_bytes, started.elapsed());
         self.stats(v1::ShardStatsRequest { shard: Some(v1::ShardId { collection: key.0.to_string(), shard: key.1 }) }).await
     }
 
@@ -289,4 +292,13 @@ pub(crate) async fn wait_for_last_user(index: Arc<Index>) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     drop(index);
+}
+
+/// A finished snapshot or restore in the metrics.
+fn record(key: &ShardKey, operation: &'static str, bytes: u64, took: Duration) {
+    let m = crate::metrics::get();
+    let [c, s] = crate::metrics::labels(key);
+    let labels = [c, s, opentelemetry::KeyValue::new("operation", operation)];
+    m.snapshot_bytes.add(bytes, &labels);
+    m.snapshot_duration.record(took.as_secs_f64(), &labels);
 }

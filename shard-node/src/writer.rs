@@ -9,13 +9,17 @@
 //! the coordinator and through gRPC flow control to the ingest job.
 
 use std::sync::Arc;
+use std::time::Instant;
 
+use opentelemetry::KeyValue;
 use shoal_engine::{Batch, BatchOutcome, Index};
 use shoal_proto::ShoalError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::convert::engine_error;
+use crate::metrics;
 
 /// Limits of one group commit.
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +41,10 @@ impl Default for WriterOptions {
 struct Job {
     batch: Batch,
     reply: oneshot::Sender<Result<BatchOutcome, ShoalError>>,
+    /// The submitting request's span: the group commit continues its trace
+    /// and records its queue wait in it.
+    span: tracing::Span,
+    queued: Instant,
 }
 
 /// Queues parts for one writer.
@@ -49,10 +57,16 @@ pub(crate) struct ShardWriter {
 }
 
 impl ShardWriter {
-    pub(crate) fn spawn(index: Arc<Index>, opts: WriterOptions) -> Self {
+    /// A writer for `index`, reporting its metrics with `labels`.
+    pub(crate) fn spawn(index: Arc<Index>, opts: WriterOptions, labels: [KeyValue; 2]) -> Self {
         let (tx, rx) = mpsc::channel(opts.queue_depth.max(1));
-        let task = tokio::spawn(run(index, rx, opts));
+        let task = tokio::spawn(run(index, rx, opts, labels));
         ShardWriter { tx, task }
+    }
+
+    /// Parts waiting in the queue now.
+    pub(crate) fn queue_depth(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
     }
 
     /// A sender to queue parts with, usable after the lock that guards the
@@ -65,7 +79,7 @@ impl ShardWriter {
     pub(crate) async fn submit_via(tx: JobSender, batch: Batch) -> Result<BatchOutcome, ShoalError> {
         let (reply, done) = oneshot::channel();
         tx.0
-            .send(Job { batch, reply })
+            .send(Job { batch, reply, span: tracing::Span::current(), queued: Instant::now() })
             .await
             .map_err(|_| ShoalError::unavailable("shard is closing", std::time::Duration::from_millis(500)))?;
         done.await.map_err(|_| ShoalError::internal("shard writer stopped before answering"))?
@@ -78,7 +92,8 @@ impl ShardWriter {
     }
 }
 
-async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions) {
+async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions, labels: [KeyValue; 2]) {
+    let m = metrics::get();
     while let Some(first) = rx.recv().await {
         let mut ops = first.batch.ops.len();
         let mut jobs = vec![first];
@@ -91,12 +106,27 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
                 Err(_) => break,
             }
         }
+        // One trace can hold the group's work: it goes in the first part's,
+        // and the others' point to it.
+        let group = tracing::info_span!(parent: &jobs[0].span, "commit_group", parts = jobs.len(), ops);
+        for job in &jobs {
+            let wait = job.queued.elapsed();
+            m.queue_wait.record(wait.as_secs_f64(), &labels);
+            job.span.record("queue_wait_ms", wait.as_secs_f64() * 1000.0);
+            group.follows_from(&job.span);
+        }
         let (batches, replies): (Vec<Batch>, Vec<_>) = jobs.into_iter().map(|j| (j.batch, j.reply)).unzip();
         let index = Arc::clone(&index);
-        let result = tokio::task::spawn_blocking(move || index.apply_group(batches)).await;
+        let started = Instant::now();
+        let result = tokio::task::spawn_blocking(move || group.in_scope(|| index.apply_group(batches))).in_current_span().await;
+        m.commit_duration.record(started.elapsed().as_secs_f64(), &labels);
         match result {
             Ok(Ok(outcomes)) => {
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                    if let Ok(BatchOutcome::Applied { upserted, deleted, .. }) = &outcome {
+                        m.points_upserted.add(*upserted as u64, &labels);
+                        m.points_deleted.add(*deleted as u64, &labels);
+                    }
                     let _ = reply.send(outcome.map_err(|e| ShoalError::invalid(e.to_string())));
                 }
             }

@@ -85,7 +85,8 @@ pub(crate) fn retry_hint(s: &tonic::Status) -> Option<Duration> {
 #[macro_export]
 macro_rules! check {
     ($fx:expr, $cond:expr, $($what:tt)+) => {
-        if !$cond {
+        let holds: bool = $cond;
+        if !holds {
             anyhow::bail!("{}\n{}", format!($($what)+), $fx.cluster.logs());
         }
     };

@@ -15,6 +15,7 @@ mod hung_node;
 mod limits;
 mod search_deadline;
 mod snapshots;
+mod telemetry;
 
 use std::process::ExitCode;
 
@@ -45,6 +46,8 @@ fn main() -> ExitCode {
         trial("a_stopped_node_does_not_hang_the_cluster", hung_node::a_stopped_node_does_not_hang_the_cluster),
         trial("silent_connections_are_closed_and_bounded", connections::silent_connections_are_closed_and_bounded),
         trial("an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned", snapshots::an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned),
+        trial("one_search_is_one_otlp_trace_with_a_span_per_shard", telemetry::one_search_is_one_otlp_trace_with_a_span_per_shard),
+        trial("metrics_move_with_the_work_done", telemetry::metrics_move_with_the_work_done),
     ];
     libtest_mimic::run(&args, tests).exit_code()
 }

@@ -187,6 +187,10 @@ pub struct IndexStats {
     pub disk_bytes: u64,
     /// Current memory map size.
     pub map_size: u64,
+    /// Bytes of the map in use, up to the last page written (LMDB's free
+    /// pages below it included); `map_size - used_bytes` is the room left
+    /// before the map grows.
+    pub used_bytes: u64,
     /// Commits since the index was opened.
     pub commits: u64,
     /// Bottom-layer lists in the link log, waiting for a fold (see
@@ -942,6 +946,7 @@ impl Index {
             max_level: s.entry.map(|e| e.1),
             disk_bytes: self.store.disk_bytes(),
             map_size: self.store.map_size(),
+            used_bytes: self.store.used_bytes(),
             commits: self.generation.load(Ordering::Acquire),
             link_log_lists: snap.session.log_records(),
         })

@@ -143,6 +143,12 @@ impl Store {
     pub(crate) fn disk_bytes(&self) -> u64 {
         std::fs::metadata(self.path.join("data.mdb")).map(|m| m.len()).unwrap_or(0)
     }
+
+    /// Bytes of the map in use: up to the last page any commit wrote.
+    /// Pages LMDB freed below it (its free list) count as used.
+    pub(crate) fn used_bytes(&self) -> u64 {
+        (self.env.info().last_page_number as u64 + 1) * u64::from(self.page_size())
+    }
 }
 
 /// What opening an environment is about to create, noted before it does,

@@ -1,5 +1,5 @@
-//! Socket settings every shoal server needs: the accept loop with its
-//! limits, and the signal the servers' mains wait for.
+//! The accept loop every shoal listener runs: Nagle off, a bounded number
+//! of connections, and a deadline for the HTTP/2 handshake.
 
 use std::io;
 use std::pin::Pin;
@@ -181,20 +181,6 @@ impl Connected for Conn {
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.io.connect_info()
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM: what the servers' mains wait for before a
-/// graceful shutdown.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
-        }
-        Err(_) => {
-            let _ = ctrl_c.await;
-        }
     }
 }
 

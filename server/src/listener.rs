@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::net::ConnectionLimits;
+use crate::accept::ConnectionLimits;
 
 /// Connection handling of one gRPC listener.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

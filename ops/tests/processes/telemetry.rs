@@ -1,0 +1,211 @@
+//! Telemetry of real processes: one search through the coordinator is one
+//! OTLP trace with a span on every shard, received by an OTLP collector in
+//! this test; `/metrics` counters move with the work done.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use shoal_proto::v1;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::check;
+use crate::common::{Fixture, block_on, create, points, rng, upsert_all, vector};
+
+/// A span as the collector received it.
+#[derive(Clone, Debug)]
+struct Received {
+    service: String,
+    name: String,
+    trace: Vec<u8>,
+    attributes: BTreeMap<String, String>,
+}
+
+/// An OTLP/gRPC trace collector that keeps what it is sent.
+#[derive(Clone, Default)]
+struct Collector(Arc<Mutex<Vec<Received>>>);
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(&self, r: tonic::Request<ExportTraceServiceRequest>) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut got = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for rs in r.into_inner().resource_spans {
+            let service = rs
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|kv| kv.key == "service.name")
+                .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+                .map(text)
+                .unwrap_or_default();
+            for ss in rs.scope_spans {
+                for s in ss.spans {
+                    let attributes = s.attributes.iter().filter_map(|kv| Some((kv.key.clone(), text(kv.value.as_ref()?.value.as_ref()?)))).collect();
+                    got.push(Received { service: service.clone(), name: s.name, trace: s.trace_id, attributes });
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::StringValue(s) => s.clone(),
+        Value::IntValue(i) => i.to_string(),
+        Value::BoolValue(b) => b.to_string(),
+        Value::DoubleValue(d) => d.to_string(),
+        other @ (Value::ArrayValue(_) | Value::KvlistValue(_) | Value::BytesValue(_) | Value::StringValueStrindex(_)) => format!("{other:?}"),
+    }
+}
+
+async fn start_collector() -> anyhow::Result<(SocketAddr, Collector)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let collector = Collector::default();
+    let svc = TraceServiceServer::new(collector.clone());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    Ok((addr, collector))
+}
+
+/// With every process exporting to a collector, one search through the
+/// coordinator arrives as one trace: the coordinator's search, a span per
+/// shard, and each shard node's own spans under them, all with one trace id.
+pub(crate) fn one_search_is_one_otlp_trace_with_a_span_per_shard() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (addr, collector) = rt.block_on(start_collector())?;
+    let endpoint = format!("http://{addr}");
+    let fx = Fixture::start(3, |spec| {
+        for env in [&mut spec.node_env, &mut spec.coordinator_env] {
+            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), endpoint.clone()));
+            // Export within 100 ms instead of the default 5 s.
+            env.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()));
+        }
+    })?;
+    rt.block_on(async {
+        let mut client = fx.client().await?;
+        let mut rng = rng("one_search_is_one_otlp_trace_with_a_span_per_shard");
+        create(&mut client, "docs", 16, 3).await?;
+        upsert_all(&mut client, "docs", points(&mut rng, 16, 0..300), 300).await?;
+        // Only spans of the search from here on.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        collector.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+        client.search(v1::SearchRequest { collection: "docs".into(), vector: vector(&mut rng, 16), k: 5, ..Default::default() }).await?;
+
+        // Wait for the coordinator's search span and three shard nodes' spans.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let spans = loop {
+            let spans = collector.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            let coordinator_search = spans.iter().find(|s| s.service == "shoal-coordinator" && s.name == "search").cloned();
+            if let Some(root) = coordinator_search {
+                let in_trace: Vec<Received> = spans.into_iter().filter(|s| s.trace == root.trace).collect();
+                let node_searches = in_trace.iter().filter(|s| s.service == "shoal-shard-node" && s.name == "search").count();
+                if node_searches >= 3 {
+                    break in_trace;
+                }
+            }
+            check!(fx, Instant::now() < deadline, "the search's trace did not arrive: {:#?}", collector.0.lock().map(|g| g.clone()).unwrap_or_default());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let traces: BTreeSet<&Vec<u8>> = spans.iter().map(|s| &s.trace).collect();
+        check!(fx, traces.len() == 1, "{} traces", traces.len());
+        let shard_spans: BTreeSet<String> =
+            spans.iter().filter(|s| s.service == "shoal-coordinator" && s.name == "shard").filter_map(|s| s.attributes.get("shard").cloned()).collect();
+        check!(fx, shard_spans == ["0", "1", "2"].map(String::from).into(), "coordinator shard spans: {shard_spans:?}");
+        let node_shards: BTreeSet<String> =
+            spans.iter().filter(|s| s.service == "shoal-shard-node" && s.name == "search").filter_map(|s| s.attributes.get("shard").cloned()).collect();
+        check!(fx, node_shards == ["0", "1", "2"].map(String::from).into(), "shard node search spans: {node_shards:?}");
+        let merges = spans.iter().filter(|s| s.name == "merge").count();
+        check!(fx, merges == 1, "{merges} merge spans");
+        let rpc_on_nodes = spans.iter().filter(|s| s.service == "shoal-shard-node" && s.name == "/shoal.v1.ShardNode/SearchShard").count();
+        check!(fx, rpc_on_nodes == 3, "{rpc_on_nodes} SearchShard server spans: {spans:#?}");
+        Ok(())
+    })
+}
+
+/// `GET /metrics` over HTTP/1.1 on a process's gRPC port.
+async fn scrape(addr: SocketAddr) -> anyhow::Result<String> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: shoal\r\nConnection: close\r\n\r\n").await?;
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out)).await??;
+    let (head, body) = out.split_once("\r\n\r\n").ok_or_else(|| anyhow::anyhow!("no HTTP response: {out}"))?;
+    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "{head}");
+    Ok(body.to_owned())
+}
+
+/// The sum of the samples of `name` whose labels include every one of
+/// `labels` (`key="value"` strings).
+fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            (metric == name && labels.iter().all(|want| rest.contains(want))).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// Scraping every process before and after some work: the counters and
+/// gauges say what was done, with collection and shard labels only.
+pub(crate) fn metrics_move_with_the_work_done() -> anyhow::Result<()> {
+    let fx = Fixture::start(2, |_| {})?;
+    block_on(async {
+        let mut client = fx.client().await?;
+        let mut rng = rng("metrics_move_with_the_work_done");
+        create(&mut client, "docs", 16, 4).await?;
+        let coord = fx.cluster.coordinator.addr;
+        let before = scrape(coord).await?;
+        let search = r#"rpc_method="/shoal.v1.Shoal/Search""#;
+        let searches_before = sample(&before, "rpc_server_call_duration_seconds_count", &[search, r#"rpc_grpc_status_code="0""#]);
+
+        upsert_all(&mut client, "docs", points(&mut rng, 16, 0..500), 100).await?;
+        for _ in 0..7 {
+            client.search(v1::SearchRequest { collection: "docs".into(), vector: vector(&mut rng, 16), k: 3, ..Default::default() }).await?;
+        }
+        let missing = client.search(v1::SearchRequest { collection: "nope".into(), vector: vec![1.0; 16], k: 3, ..Default::default() }).await;
+        check!(fx, missing.is_err(), "a search of a missing collection succeeded");
+
+        let after = scrape(coord).await?;
+        let searches = sample(&after, "rpc_server_call_duration_seconds_count", &[search, r#"rpc_grpc_status_code="0""#]) - searches_before;
+        check!(fx, searches == 7.0, "{searches} OK searches counted:\n{after}");
+        let not_found = sample(&after, "rpc_server_call_duration_seconds_count", &[search, r#"rpc_grpc_status_code="5""#]);
+        check!(fx, not_found == 1.0, "{not_found} NOT_FOUND searches counted");
+        check!(fx, sample(&after, "shoal_node_up", &[]) == 2.0, "shoal_node_up:\n{after}");
+        check!(fx, sample(&after, "process_resident_memory_bytes", &[]) > 0.0, "no RSS:\n{after}");
+
+        let mut upserted = 0.0;
+        let mut points = 0.0;
+        for node in &fx.cluster.nodes {
+            let text = scrape(node.addr).await?;
+            upserted += sample(&text, "shoal_shard_points_upserted_total", &[r#"collection="docs""#]);
+            points += sample(&text, "shoal_shard_points", &[r#"collection="docs""#]);
+            let applies = sample(&text, "rpc_server_call_duration_seconds_count", &[r#"rpc_method="/shoal.v1.ShardNode/ApplyBatch""#]);
+            check!(fx, applies > 0.0, "{}: no ApplyBatch counted:\n{text}", node.id);
+            check!(fx, sample(&text, "shoal_shard_commit_duration_seconds_count", &[]) > 0.0, "{}: no commits:\n{text}", node.id);
+            check!(fx, sample(&text, "shoal_shard_search_duration_seconds_count", &[r#"collection="docs""#]) >= 7.0, "{}: searches:\n{text}", node.id);
+            check!(fx, sample(&text, "shoal_shard_lmdb_map_bytes", &[]) > 0.0, "{}: no map size:\n{text}", node.id);
+            check!(fx, sample(&text, "process_open_fds", &[]) > 0.0, "{}: no open files:\n{text}", node.id);
+            check!(fx, sample(&text, "shoal_build_info", &[]) == 1.0, "{}: no build info:\n{text}", node.id);
+            // Cardinality: every per-shard series is labelled by collection and shard only.
+            for line in text.lines().filter(|l| l.starts_with("shoal_shard_")) {
+                let labels = line.split_once('{').map_or("", |(_, r)| r.split_once('}').map_or("", |(l, _)| l));
+                for kv in labels.split(',').filter(|s| !s.is_empty()) {
+                    let key = kv.split('=').next().unwrap_or_default();
+                    check!(fx, ["collection", "shard", "le", "otel_scope_name", "otel_scope_version", "otel_scope_schema_url"].contains(&key), "label {key} in {line}");
+                }
+            }
+        }
+        check!(fx, upserted == 500.0 && points == 500.0, "{upserted} points upserted, {points} live");
+        Ok(())
+    })
+}

@@ -1,0 +1,163 @@
+//! The shard node's metrics, through the process's OpenTelemetry meter
+//! (served at `/metrics`; see `shoal_server::telemetry`). Their only labels
+//! are `collection` and `shard`, so their number grows with the shards a
+//! node holds, never with points or requests. Names as Prometheus shows
+//! them are listed in docs/observability.md.
+
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Histogram, Meter};
+use parking_lot::Mutex;
+
+use crate::host::{ShardHost, ShardKey};
+
+/// Seconds, from 0.1 ms to a minute.
+const LATENCY_BOUNDS: [f64; 17] =
+    [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0];
+
+/// Instruments recorded as work happens.
+pub(crate) struct NodeMetrics {
+    /// One search request on one shard, from arrival to answer.
+    pub(crate) search_duration: Histogram<f64>,
+    /// One group commit: the engine's write transaction, fsync included.
+    pub(crate) commit_duration: Histogram<f64>,
+    /// A batch part's wait in its shard's writer queue.
+    pub(crate) queue_wait: Histogram<f64>,
+    /// Points upserted and deleted by committed batches.
+    pub(crate) points_upserted: Counter<u64>,
+    pub(crate) points_deleted: Counter<u64>,
+    /// Bytes of data files snapshotted or restored, and how long it took.
+    pub(crate) snapshot_bytes: Counter<u64>,
+    pub(crate) snapshot_duration: Histogram<f64>,
+}
+
+/// The labels of a shard.
+pub(crate) fn labels(key: &ShardKey) -> [KeyValue; 2] {
+    [KeyValue::new("collection", key.0.to_string()), KeyValue::new("shard", i64::from(key.1))]
+}
+
+static METRICS: OnceLock<NodeMetrics> = OnceLock::new();
+
+/// The node's instruments (made on first use: after the process set up its
+/// telemetry, or as no-ops in a process that has none).
+pub(crate) fn get() -> &'static NodeMetrics {
+    METRICS.get_or_init(|| {
+        let m = meter();
+        let seconds = |name: &'static str, what: &'static str| {
+            m.f64_histogram(name).with_unit("s").with_description(what).with_boundaries(LATENCY_BOUNDS.to_vec()).build()
+        };
+        NodeMetrics {
+            search_duration: seconds("shoal.shard.search.duration", "A search request on one shard, arrival to answer"),
+            commit_duration: seconds("shoal.shard.commit.duration", "One group commit of a shard's writer, fsync included"),
+            queue_wait: seconds("shoal.shard.queue.wait", "A batch part's wait in its shard's writer queue"),
+            points_upserted: m.u64_counter("shoal.shard.points.upserted").with_description("Points upserted by committed batches").build(),
+            points_deleted: m.u64_counter("shoal.shard.points.deleted").with_description("Points deleted by committed batches").build(),
+            snapshot_bytes: m
+                .u64_counter("shoal.snapshot.data")
+                .with_unit("By")
+                .with_description("Bytes of data files snapshotted or restored, by operation")
+                .build(),
+            snapshot_duration: seconds("shoal.snapshot.duration", "A shard's snapshot or restore, by operation"),
+        }
+    })
+}
+
+fn meter() -> Meter {
+    opentelemetry::global::meter("shoal-shard-node")
+}
+
+/// Hosts whose shards the gauges report (an embedded cluster runs several
+/// nodes in one process; the gauges are registered once for all).
+static HOSTS: Mutex<Vec<Weak<ShardHost>>> = Mutex::new(Vec::new());
+
+/// One reading of every shard's state, shared by the gauges of one scrape.
+struct Reading {
+    at: Instant,
+    shards: Vec<ShardReading>,
+}
+
+struct ShardReading {
+    labels: [KeyValue; 2],
+    points: u64,
+    tombstones: u64,
+    link_log_lists: u64,
+    disk_bytes: u64,
+    map_bytes: u64,
+    used_bytes: u64,
+    queue_depth: u64,
+}
+
+static READING: Mutex<Option<Reading>> = Mutex::new(None);
+
+/// Reads every shard once per second at most, whichever gauge asks first.
+fn with_reading(f: impl FnOnce(&[ShardReading])) {
+    let mut reading = READING.lock();
+    let stale = reading.as_ref().is_none_or(|r| r.at.elapsed() > Duration::from_secs(1));
+    if stale {
+        let mut shards = Vec::new();
+        HOSTS.lock().retain(|h| match h.upgrade() {
+            Some(host) => {
+                for (key, shard) in host.shards_now() {
+                    let Ok(s) = shard.index.stats() else { continue };
+                    shards.push(ShardReading {
+                        labels: labels(&key),
+                        points: s.live,
+                        tombstones: s.tombstones,
+                        link_log_lists: s.link_log_lists,
+                        disk_bytes: s.disk_bytes,
+                        map_bytes: s.map_size,
+                        used_bytes: s.used_bytes,
+                        queue_depth: shard.queue_depth() as u64,
+                    });
+                }
+                true
+            }
+            None => false,
+        });
+        *reading = Some(Reading { at: Instant::now(), shards });
+    }
+    if let Some(r) = reading.as_ref() {
+        f(&r.shards);
+    }
+}
+
+/// Reports `host`'s shards in the per-shard gauges from now on.
+pub(crate) fn watch(host: &Arc<ShardHost>) {
+    HOSTS.lock().push(Arc::downgrade(host));
+    static GAUGES: OnceLock<()> = OnceLock::new();
+    GAUGES.get_or_init(register_gauges);
+}
+
+fn register_gauges() {
+    let m = meter();
+    type Field = fn(&ShardReading) -> u64;
+    let gauges: [(&'static str, &'static str, &'static str, Field); 7] = [
+        ("shoal.shard.points", "", "Live points of a shard", |r| r.points),
+        ("shoal.shard.tombstones", "", "Deleted or replaced points still in a shard's graph", |r| r.tombstones),
+        ("shoal.shard.link_log.lists", "", "Link lists in a shard's link log, waiting for a fold", |r| r.link_log_lists),
+        ("shoal.shard.disk", "By", "Size of a shard's data file", |r| r.disk_bytes),
+        ("shoal.shard.lmdb.map", "By", "Size of a shard's LMDB memory map", |r| r.map_bytes),
+        ("shoal.shard.lmdb.used", "By", "Bytes of a shard's map up to its last written page; map minus used is the room before the map grows", |r| {
+            r.used_bytes
+        }),
+        ("shoal.shard.queue.depth", "", "Batch parts waiting for a shard's writer", |r| r.queue_depth),
+    ];
+    for (name, unit, what, field) in gauges {
+        let mut g = m.u64_observable_gauge(name).with_description(what);
+        if !unit.is_empty() {
+            g = g.with_unit(unit);
+        }
+        // The SDK keeps the instrument alive once its callback is set.
+        let _ = g
+            .with_callback(move |obs| {
+                with_reading(|shards| {
+                    for r in shards {
+                        obs.observe(field(r), &r.labels);
+                    }
+                });
+            })
+            .build();
+    }
+}
