@@ -9,3 +9,4 @@ pub mod demo_data;
 pub mod embedded;
 pub mod procs;
 pub mod snapshots;
+pub mod top;

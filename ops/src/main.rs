@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use shoal_ops::embedded::{EmbeddedCluster, EmbeddedConfig};
-use shoal_ops::{ctl, demo, snapshots};
+use shoal_ops::{ctl, demo, snapshots, top};
 use shoal_proto::v1;
 
 #[derive(Parser)]
@@ -34,6 +34,16 @@ enum Command {
     },
     /// Nodes, collections and shards of the cluster.
     Status,
+    /// A live view of the cluster from its processes' metrics: rates,
+    /// p99 latencies, queue depths, memory, per node. Ctrl-C ends it.
+    Top {
+        /// Seconds between refreshes (the rates cover one interval).
+        #[arg(long, default_value_t = 2.0)]
+        interval: f64,
+        /// Print one view and exit (two scrapes, one interval apart).
+        #[arg(long)]
+        once: bool,
+    },
     /// Manage collections.
     #[command(subcommand)]
     Collections(Collections),
@@ -81,6 +91,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args).await,
         Command::Dev { data_dir, shard_nodes, port } => dev(data_dir, shard_nodes, port).await,
         Command::Status => ctl::status(&cli.endpoint).await,
+        Command::Top { interval, once } => {
+            anyhow::ensure!(interval > 0.0 && interval.is_finite(), "--interval must be a positive number of seconds");
+            top::run(&cli.endpoint, std::time::Duration::from_secs_f64(interval), !once).await
+        }
         Command::Collections(c) => collections(&cli.endpoint, c).await,
         Command::Snapshot(c) => snapshots::run(&cli.endpoint, c).await,
         Command::ProtoDescriptor { output } => {

@@ -48,6 +48,8 @@ fn main() -> ExitCode {
         trial("an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned", snapshots::an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned),
         trial("one_search_is_one_otlp_trace_with_a_span_per_shard", telemetry::one_search_is_one_otlp_trace_with_a_span_per_shard),
         trial("metrics_move_with_the_work_done", telemetry::metrics_move_with_the_work_done),
+        trial("shoalctl_top_shows_the_metrics_of_each_node", telemetry::shoalctl_top_shows_the_metrics_of_each_node),
+        trial("an_unreachable_otlp_collector_stalls_nothing", telemetry::an_unreachable_otlp_collector_stalls_nothing),
     ];
     libtest_mimic::run(&args, tests).exit_code()
 }

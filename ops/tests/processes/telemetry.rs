@@ -209,3 +209,83 @@ pub(crate) fn metrics_move_with_the_work_done() -> anyhow::Result<()> {
         Ok(())
     })
 }
+
+/// `shoalctl top --once` while searches and upserts run: a row per node,
+/// and rates that say what the load did.
+pub(crate) fn shoalctl_top_shows_the_metrics_of_each_node() -> anyhow::Result<()> {
+    let fx = Fixture::start(2, |_| {})?;
+    block_on(async {
+        let mut client = fx.client().await?;
+        let mut rng = rng("shoalctl_top_shows_the_metrics_of_each_node");
+        create(&mut client, "docs", 16, 2).await?;
+        upsert_all(&mut client, "docs", points(&mut rng, 16, 0..400), 200).await?;
+        let endpoint = fx.cluster.endpoint();
+        let top = tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_shoalctl"))
+                .args(["--endpoint", &endpoint, "top", "--once", "--interval", "1.5"])
+                .output()
+        });
+        let load = async {
+            let deadline = Instant::now() + Duration::from_millis(1_800);
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let q = v1::SearchRequest { collection: "docs".into(), vector: vector(&mut rng, 16), k: 3, ..Default::default() };
+                client.search(q).await?;
+                n += 1;
+            }
+            anyhow::Ok(n)
+        };
+        let (out, searches) = tokio::join!(top, load);
+        let (out, searches) = (out??, searches?);
+        let text = String::from_utf8_lossy(&out.stdout);
+        check!(fx, out.status.success(), "shoalctl top failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+        eprintln!("{searches} searches while top ran:\n{text}");
+        let mut points = 0.0;
+        for node in ["shard-0", "shard-1"] {
+            let row = text.lines().find(|l| l.starts_with(node)).unwrap_or_default();
+            let fields: Vec<&str> = row.split_whitespace().collect();
+            check!(fx, fields.len() == 10 && fields[1] == "up", "row of {node}: {row:?}\n{text}");
+            let per_s: f64 = fields[4].parse().unwrap_or(0.0);
+            check!(fx, per_s > 1.0, "{node} shows {per_s} searches/s under load\n{text}");
+            points += fields[2].parse::<f64>().unwrap_or(0.0);
+        }
+        check!(fx, points == 400.0, "the rows hold {points} points, not 400\n{text}");
+        let coord = text.lines().find(|l| l.starts_with("coordinator")).unwrap_or_default();
+        let searches_per_s: f64 = coord.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        check!(fx, searches_per_s > 1.0, "coordinator line: {coord:?}");
+        Ok(())
+    })
+}
+
+/// Exporting to a collector that is down costs spans, not requests: every
+/// search succeeds, and each process still shuts down promptly on SIGTERM
+/// (its last flush gives up after a few seconds).
+pub(crate) fn an_unreachable_otlp_collector_stalls_nothing() -> anyhow::Result<()> {
+    // A port that was free a moment ago, with nothing listening now.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let endpoint = format!("http://{closed}");
+    let fx = Fixture::start(2, |spec| {
+        for env in [&mut spec.node_env, &mut spec.coordinator_env] {
+            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), endpoint.clone()));
+            env.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "50".into()));
+        }
+    })?;
+    block_on(async {
+        let mut client = fx.client().await?;
+        let mut rng = rng("an_unreachable_otlp_collector_stalls_nothing");
+        create(&mut client, "docs", 16, 2).await?;
+        upsert_all(&mut client, "docs", points(&mut rng, 16, 0..300), 100).await?;
+        for _ in 0..200 {
+            let q = v1::SearchRequest { collection: "docs".into(), vector: vector(&mut rng, 16), k: 3, timeout_ms: 1_000, ..Default::default() };
+            client.search(q).await?;
+        }
+        Ok(())
+    })?;
+    for p in fx.cluster.nodes.iter().chain(std::iter::once(&fx.cluster.coordinator)) {
+        let started = Instant::now();
+        let status = p.terminate()?;
+        let took = started.elapsed();
+        check!(fx, status.success() && took < Duration::from_secs(10), "{} ended with {status} after {took:?}", p.id);
+    }
+    Ok(())
+}
