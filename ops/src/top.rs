@@ -10,17 +10,20 @@ use shoal_proto::v1;
 
 use crate::ctl;
 
+/// A sample's labels, as (name, value).
+type Labels = Vec<(String, String)>;
+
 /// One scrape: every sample, by metric name, with its labels.
 #[derive(Clone, Debug, Default)]
 pub struct Scrape {
-    samples: BTreeMap<String, Vec<(Vec<(String, String)>, f64)>>,
+    samples: BTreeMap<String, Vec<(Labels, f64)>>,
 }
 
 impl Scrape {
     /// Parses the Prometheus text format (the subset shoal's exporter
     /// writes: no timestamps, no escaped quotes in label values).
     pub fn parse(text: &str) -> Scrape {
-        let mut samples: BTreeMap<String, Vec<(Vec<(String, String)>, f64)>> = BTreeMap::new();
+        let mut samples: BTreeMap<String, Vec<(Labels, f64)>> = BTreeMap::new();
         for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
             let Some((series, value)) = line.rsplit_once(' ') else { continue };
             let Ok(value) = value.parse::<f64>() else { continue };
@@ -63,7 +66,7 @@ impl Scrape {
     }
 }
 
-fn parse_labels(s: &str) -> Vec<(String, String)> {
+fn parse_labels(s: &str) -> Labels {
     let mut out = Vec::new();
     let mut rest = s;
     while let Some((key, after)) = rest.split_once("=\"") {
