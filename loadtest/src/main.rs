@@ -9,6 +9,7 @@ mod fvecs;
 mod groundtruth;
 mod hardening;
 mod index_bench;
+mod load;
 mod memory;
 mod snapshot_bench;
 mod slowfs;

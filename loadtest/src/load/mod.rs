@@ -1,0 +1,5 @@
+//! The load generator (docs/loadtest.md); its commands come in later commits.
+#![allow(dead_code)]
+
+mod stats;
+mod schedule;
