@@ -3,3 +3,6 @@
 
 mod stats;
 mod schedule;
+mod npy;
+mod recall;
+mod data;
