@@ -6,3 +6,5 @@ mod schedule;
 mod npy;
 mod recall;
 mod data;
+mod target;
+mod faults;
