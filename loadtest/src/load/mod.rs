@@ -1,10 +1,12 @@
 //! The load generator (docs/loadtest.md); its commands come in later commits.
 #![allow(dead_code)]
 
-mod stats;
-mod schedule;
+mod chart;
+mod data;
+mod faults;
 mod npy;
 mod recall;
-mod data;
+mod report;
+mod schedule;
+mod stats;
 mod target;
-mod faults;
