@@ -173,12 +173,21 @@ async fn stream(s: usize, clients: Clients, collection: String, data: Arc<Data>,
         let pending: Arc<Mutex<VecDeque<Pending>>> = Arc::new(Mutex::new(VecDeque::new()));
         let (tx, rx) = tokio::sync::mpsc::channel::<v1::IngestRequest>(plan.window);
         let slots = Arc::new(Semaphore::new(plan.window));
+        // Told to stop when the stream ends: a batch it holds but has not
+        // sent yet is counted dropped, one it sent fails with the stream.
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let sender = {
             let (data, plan, rec, shared, pending, source, collection, offset, done) =
                 (data.clone(), plan.clone(), rec.clone(), shared.clone(), pending.clone(), source.clone(), collection.clone(), offset.clone(), done.clone());
             tokio::spawn(async move {
                 loop {
-                    let Ok(slot) = slots.clone().acquire_owned().await else { return };
+                    let slot = tokio::select! {
+                        s = slots.clone().acquire_owned() => match s {
+                            Ok(s) => s,
+                            Err(_) => return,
+                        },
+                        _ = stopped.changed() => return,
+                    };
                     let b = shared.next_batch.fetch_add(1, Ordering::Relaxed);
                     let lo = plan.rows.start + b * plan.batch as u64;
                     if lo >= plan.rows.end {
@@ -197,7 +206,14 @@ async fn stream(s: usize, clients: Clients, collection: String, data: Arc<Data>,
                             if now > due {
                                 rec.late();
                             }
-                            tokio::time::sleep_until(due).await;
+                            tokio::select! {
+                                _ = tokio::time::sleep_until(due) => {}
+                                _ = stopped.changed() => {
+                                    rec.scheduled();
+                                    rec.dropped();
+                                    return;
+                                }
+                            }
                             due
                         }
                         None if plan.end.is_some_and(|e| now >= e) => {
@@ -214,16 +230,21 @@ async fn stream(s: usize, clients: Clients, collection: String, data: Arc<Data>,
                     let req = v1::IngestRequest { collection: collection.clone(), source: source.clone(), offset: off, points, deletes: vec![] };
                     pending.lock().push_back(Pending { offset: off, intended, _slot: slot });
                     rec.sent(Instant::now().saturating_duration_since(intended));
-                    if tx.send(req).await.is_err() {
-                        // The stream is gone; the receiver fails what is pending.
-                        return;
+                    tokio::select! {
+                        r = tx.send(req) => if r.is_err() {
+                            // The stream is gone; what is pending fails with it.
+                            return;
+                        },
+                        _ = stopped.changed() => return,
                     }
                 }
             })
         };
         let failure = receive(clients.next(), rx, &pending, &plan, &rec).await;
-        sender.abort();
-        let _ = sender.await;
+        let _ = stop.send(true);
+        if let Err(e) = sender.await {
+            std::panic::resume_unwind(e.into_panic());
+        }
         // Whatever is still pending failed with the stream.
         let code = failure.as_ref().map_or("CLIENT_STREAM_ENDED_EARLY".to_owned(), |(c, _)| c.clone());
         let now = Instant::now();

@@ -188,3 +188,38 @@ async fn mixed_runs_every_kind_at_once_and_marks_its_fault() {
     let e = run(&["mixed", "--embedded", "1", "--duration", "1s", "--fault", "0.5s:kill:shard-0"]).await.unwrap_err();
     assert!(format!("{e:#}").contains("--processes"), "{e:#}");
 }
+
+/// A shard node stopped in the middle of an ingest: its streams fail with
+/// UNAVAILABLE, are replaced, and go on once it is back; every batch is
+/// accounted for (sent = acked + failed, scheduled = sent + dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_goes_on_after_a_shard_node_comes_back() {
+    let data = tempfile::tempdir().unwrap();
+    let mut cluster = EmbeddedCluster::start(EmbeddedConfig::ephemeral(data.path(), 2)).await.unwrap();
+    let url = cluster.endpoint();
+    let load = tokio::spawn(async move {
+        run(&[
+            "ingest", "--coordinator", &url, "--create", "--collection", "bumpy", "--shards", "2", "--points", "20000", "--dim", "8",
+            "--streams", "2", "--batch", "100", "--rate", "2000", "--duration", "3s", "--no-progress",
+        ])
+        .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+    cluster.stop_node(1).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    cluster.restart_node(1).await.unwrap();
+    let r = load.await.unwrap().unwrap();
+    check_counts(&r);
+    let c = &r.phases[0].counts;
+    // 2000/s in batches of 100 for 3 s: batches 0..60 are due, and each
+    // was sent or dropped (taken by a stream that failed before sending).
+    assert_eq!(c.scheduled, 60, "{c:?}");
+    assert!(r.phases[0].errors.get("UNAVAILABLE").is_some_and(|&n| n > 0), "{:?} {c:?}", r.phases[0].errors);
+    // Acked before the stop and again after the restart.
+    let items = |t: usize| r.timeline[t].series["ingest"].items;
+    assert!(items(0) > 0 && items(2) > 0, "{:?}", r.timeline);
+    // A failed batch may have committed on the shard that was up.
+    let points = r.collection.points.unwrap();
+    assert!(points >= c.items && points <= c.sent * 100, "{points} {c:?}");
+    cluster.shutdown().await.unwrap();
+}
