@@ -151,11 +151,18 @@ impl Data {
     /// Opens or generates the base; queries (and their truth) only if
     /// `queries`; `k` is what recall will be computed at.
     pub(crate) fn load(a: &DataArgs, queries: bool, metric: shoal_engine::Metric, k: usize) -> Result<Arc<Data>> {
+        let query_file = match (&a.query, queries) {
+            (Some(p), true) => Some(Vectors::open(p)?),
+            (Some(_) | None, _) => None,
+        };
         let mut base = match &a.base {
             Some(p) => Vectors::open(p)?,
             None => {
-                ensure!(a.dim > 0 && a.points > 0, "--dim and --points must be at least 1");
-                Vectors::generated(a.dim, a.seed, a.points)
+                // Queries from a file against generated vectors (or an
+                // existing collection): the file says the dimension.
+                let dim = query_file.as_ref().map_or(a.dim, |q| q.dim);
+                ensure!(dim > 0 && a.points > 0, "--dim and --points must be at least 1");
+                Vectors::generated(dim, a.seed, a.points)
             }
         };
         if let Some(l) = a.limit {
@@ -165,10 +172,9 @@ impl Data {
         if !queries {
             return Ok(Arc::new(Data { base, queries: Vec::new(), truth: None }));
         }
-        let qs: Vec<Vec<f32>> = match (&a.query, &base.source) {
-            (Some(p), _) => {
-                let q = Vectors::open(p)?;
-                ensure!(q.dim == base.dim, "{}: {}-d queries for {}-d base vectors", p.display(), q.dim, base.dim);
+        let qs: Vec<Vec<f32>> = match (query_file, &base.source) {
+            (Some(q), _) => {
+                ensure!(q.dim == base.dim, "{}-d queries for {}-d base vectors", q.dim, base.dim);
                 (0..a.queries.min(q.len)).map(|i| q.row(i)).collect::<Result<_>>()?
             }
             (None, Source::Generated(g)) => (0..a.queries as u64).map(|i| g.row(QUERIES, i)).collect(),
@@ -257,6 +263,15 @@ mod tests {
             // Each query is a base row: its own nearest neighbour.
             assert_eq!(d.truth, Some(vec![vec![0], vec![1]]));
         }
+    }
+
+    #[test]
+    fn a_query_file_without_a_base_sets_the_dimension() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = dir.path().join("q.npy");
+        crate::load::npy::tests::write_npy(&q, &[vec![1.0, 2.0, 3.0, 4.0, 5.0]]);
+        let d = Data::load(&DataArgs { query: Some(q), exact_groundtruth: false, ..args() }, true, shoal_engine::Metric::Cosine, 1).unwrap();
+        assert_eq!((d.base.dim(), d.queries.len()), (5, 1));
     }
 
     #[test]

@@ -95,7 +95,8 @@ async fn ingest_streams_ack_every_point_into_the_collection() {
 
     // At a rate: 1500 vectors/s for 1 s sends at most the batches due by then.
     let r = run(&[
-        "ingest", "--coordinator", &url, "--create", "--collection", "slow", "--points", "5000", "--dim", "16", "--streams", "2",
+        // The same coordinator twice, two connections each: four clients in turn.
+        "ingest", "--coordinator", &url, "--coordinator", &url, "--connections", "2", "--create", "--collection", "slow", "--points", "5000", "--dim", "16", "--streams", "2",
         "--batch", "100", "--rate", "1500", "--duration", "1s", "--no-progress",
     ])
     .await
