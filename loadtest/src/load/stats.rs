@@ -243,12 +243,6 @@ impl Timeline {
         self.closed.clone()
     }
 
-    /// The last closed second before `now_t`, if it is closed yet: for the
-    /// live display.
-    fn last_full(&self, now_t: u64) -> Option<&Second> {
-        let want = now_t.checked_sub(OPEN_SECONDS + 1)?;
-        self.closed.get(want as usize)
-    }
 }
 
 struct Inner {
@@ -259,6 +253,8 @@ struct Inner {
     live_second: u64,
     live_ok: u64,
     live_items: u64,
+    /// The second before `live_second`: (second, items, p99 ms).
+    live_prev: Option<(u64, u64, f64)>,
 }
 
 /// One series' measurements, shared by the tasks that send its requests.
@@ -282,7 +278,7 @@ impl Recorder {
         Arc::new(Recorder {
             series,
             start,
-            inner: Mutex::new(Inner { phase: PhaseStats::new(), timeline: Timeline::new(), live: histogram(), live_second: 0, live_ok: 0, live_items: 0 }),
+            inner: Mutex::new(Inner { phase: PhaseStats::new(), timeline: Timeline::new(), live: histogram(), live_second: 0, live_ok: 0, live_items: 0, live_prev: None }),
         })
     }
 
@@ -325,6 +321,7 @@ impl Recorder {
                 }
                 g.timeline.record(t, Some(latency), true, items);
                 if t != g.live_second {
+                    g.live_prev = Some((g.live_second, g.live_items, g.live.value_at_quantile(0.99) as f64 / 1000.0));
                     g.live_second = t;
                     g.live.reset();
                     g.live_ok = 0;
@@ -353,15 +350,21 @@ impl Recorder {
         self.inner.lock().timeline.finish(until)
     }
 
-    /// Rates of the last second that is complete, counts of the phase.
+    /// Items and p99 of the last complete second (answers finished in it),
+    /// counts of the phase.
     pub(crate) fn live(&self, now: Instant) -> Live {
         let g = self.inner.lock();
-        let t = now.saturating_duration_since(self.start).as_secs();
-        let (items_per_s, p99_ms) = match g.timeline.last_full(t) {
-            Some(s) => (s.items, s.p99_ms),
-            // The first seconds: what has come in this second.
-            None if g.live_second + 1 >= t => (g.live_items, g.live.value_at_quantile(0.99) as f64 / 1000.0),
-            None => (0, 0.0),
+        let Some(last) = now.saturating_duration_since(self.start).as_secs().checked_sub(1) else {
+            return Live { ok: g.phase.counts.ok, errors: g.phase.counts.errors, ..Live::default() };
+        };
+        let (items_per_s, p99_ms) = if g.live_second == last {
+            (g.live_items, g.live.value_at_quantile(0.99) as f64 / 1000.0)
+        } else {
+            match g.live_prev {
+                Some((s, items, p99)) if s == last => (items, p99),
+                // Nothing finished in that second.
+                Some(_) | None => (0, 0.0),
+            }
         };
         Live { items_per_s, p99_ms, ok: g.phase.counts.ok, errors: g.phase.counts.errors }
     }
@@ -447,7 +450,18 @@ mod tests {
         assert_eq!(p.recall(), Some(RecallSummary { mean: 0.5, queries: 1 }));
         // The next phase starts empty; the timeline goes on.
         assert_eq!(r.take_phase().counts, Counts::default());
+        // Live: what finished in the last complete second, not the current one.
+        r.finish(start, start + Duration::from_millis(1200), Outcome::ok(3));
+        r.finish(start, start + Duration::from_millis(1300), Outcome::ok(4));
+        r.finish(start, start + Duration::from_millis(2100), Outcome::ok(100));
+        let l = r.live(start + Duration::from_millis(2500));
+        // (ok counts the phase, which began after the take above.)
+        assert_eq!((l.items_per_s, l.ok), (7, 3), "{l:?}");
+        assert!((l.p99_ms - 1300.0).abs() < 2.0, "{l:?}");
+        assert_eq!(r.live(start + Duration::from_millis(3500)).items_per_s, 100);
+        assert_eq!(r.live(start + Duration::from_millis(4500)).items_per_s, 0);
+        assert_eq!(r.live(start + Duration::from_millis(500)).items_per_s, 0);
         let tl = r.timeline(2);
-        assert_eq!((tl[0].ok, tl[1].errors), (1, 1));
+        assert_eq!((tl[0].ok, tl[1].errors, tl[1].ok, tl[2].ok), (1, 1, 2, 1));
     }
 }
