@@ -9,6 +9,7 @@ mod fvecs;
 mod groundtruth;
 mod hardening;
 mod index_bench;
+mod load;
 mod memory;
 mod snapshot_bench;
 mod slowfs;
@@ -45,6 +46,15 @@ enum Command {
     /// Issue 17's hostile-operator measurements against separate processes
     /// from a directory of release binaries (old beside new).
     Hardening(hardening::Args),
+    /// Sustained ingest: concurrent Ingest streams at a target rate or flat
+    /// out; vectors/s, ack latency, errors by code (docs/loadtest.md).
+    Ingest(load::ingest::Args),
+    /// Search load, open loop at a rate or closed loop; an ef list sweeps;
+    /// latency percentiles, recall@k (docs/loadtest.md).
+    Query(load::query::Args),
+    /// Ingest, queries, upserts and deletes at once, each at its own rate
+    /// (docs/loadtest.md).
+    Mixed(load::mixed::Args),
     /// Mount a FUSE passthrough that adds latency to every read (a
     /// simulated network disk).
     Slowfs(slowfs::Args),
@@ -69,5 +79,8 @@ fn main() -> anyhow::Result<()> {
         Command::Slowfs(a) => slowfs::run(a),
         Command::Synth(a) => synth::run(a),
         Command::Hardening(a) => hardening::run(a),
+        Command::Ingest(a) => load::ingest::run(a),
+        Command::Query(a) => load::query::run(a),
+        Command::Mixed(a) => load::mixed::run(a),
     }
 }
