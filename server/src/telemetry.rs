@@ -28,6 +28,7 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use serde::{Deserialize, Serialize};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 /// Telemetry settings (`[coordinator.telemetry]`, `[shard_node.telemetry]`).
@@ -152,10 +153,14 @@ fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
     opentelemetry::global::set_meter_provider(meter.clone());
     crate::process_metrics::register(&opentelemetry::global::meter("shoal"));
 
+    // Events only: were the request spans enabled for the log layer, every
+    // request would pay for formatting their fields, exported or not. Log
+    // lines carry their own fields; a request's context is in its trace.
+    let level = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cfg.log));
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cfg.log)));
+        .with_filter(level.and(tracing_subscriber::filter::filter_fn(|m| m.is_event())));
     let spans = tracer.as_ref().map(|provider| {
         let tracer = provider.tracer(service.to_owned());
         // The engine's spans of a batch's phases are at debug level: they
