@@ -63,5 +63,17 @@ else:
 PY
 log "moto_server (S3) on $SHOAL_TEST_S3_ENDPOINT, pid $moto_pid"
 
+# What the workspace declares, enforced: formatting (rustfmt.toml), lints
+# with warnings as errors, and documentation that builds without warnings.
+# Skipped when arguments narrow the run to some tests.
+if (($# == 0)); then
+  log "cargo fmt --check"
+  cargo fmt --all -- --check
+  log "cargo clippy (warnings are errors)"
+  cargo clippy --workspace --all-targets --locked -- -D warnings
+  log "cargo doc (warnings are errors)"
+  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
+fi
+
 log "cargo test (workspace)"
 cargo test --workspace --locked "$@"

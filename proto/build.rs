@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/shoal/v1/common.proto", "proto/shoal/v1/snapshot.proto", "proto/shoal/v1/shoal.proto", "proto/shoal/v1/shard.proto"];
+    let files =
+        ["proto/shoal/v1/common.proto", "proto/shoal/v1/snapshot.proto", "proto/shoal/v1/shoal.proto", "proto/shoal/v1/shard.proto"];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
     }

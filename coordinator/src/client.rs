@@ -74,9 +74,8 @@ impl ShardClient {
             .keep_alive_timeout(Duration::from_millis(peers.keepalive_timeout_ms.max(1)))
             .keep_alive_while_idle(true);
         let channel = endpoint.connect_lazy();
-        let node = ShardNodeClient::new(channel.clone())
-            .max_decoding_message_size(max_message_bytes)
-            .max_encoding_message_size(max_message_bytes);
+        let node =
+            ShardNodeClient::new(channel.clone()).max_decoding_message_size(max_message_bytes).max_encoding_message_size(max_message_bytes);
         Ok(ShardClient::Remote { node, health: HealthClient::new(channel) })
     }
 

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use tracing::Instrument;
 use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
+use tracing::Instrument;
 
 use crate::client::{PeerSettings, ShardClient};
 use crate::liveness::Liveness;
@@ -274,8 +274,8 @@ impl Cluster {
     }
 
     async fn shard_stats(&self, c: &Collection, timeout: Duration) -> Vec<v1::ShardInfo> {
-        let g = self
-            .scatter(c, timeout, |client, shard, timeout| async move {
+        let g =
+            self.scatter(c, timeout, |client, shard, timeout| async move {
                 client.get_shard_stats(v1::ShardStatsRequest { shard }, timeout).await
             })
             .await;
@@ -365,12 +365,8 @@ impl Cluster {
             Ok::<_, ShoalError>(())
         })?;
         let parts = tracing::info_span!("split", shards = c.shard_count()).in_scope(|| split(points, deletes, c.shard_count()));
-        let targets: Vec<(u32, Part)> = parts
-            .into_iter()
-            .enumerate()
-            .filter(|(_, p)| source.is_some() || !p.is_empty())
-            .map(|(i, p)| (i as u32, p))
-            .collect();
+        let targets: Vec<(u32, Part)> =
+            parts.into_iter().enumerate().filter(|(_, p)| source.is_some() || !p.is_empty()).map(|(i, p)| (i as u32, p)).collect();
         // Fail before anything is sent when a node is known to be down:
         // otherwise the parts for the nodes that answer would commit and
         // the caller would hold a half-applied write.
@@ -384,12 +380,8 @@ impl Cluster {
         let calls = targets.into_iter().map(|(i, part)| {
             let node = c.placement[i as usize].clone();
             let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = %node, points = part.points.len());
-            let req = v1::ApplyBatchRequest {
-                shard: Self::shard_id(&c, i),
-                source: source.clone(),
-                points: part.points,
-                deletes: part.deletes,
-            };
+            let req =
+                v1::ApplyBatchRequest { shard: Self::shard_id(&c, i), source: source.clone(), points: part.points, deletes: part.deletes };
             async move {
                 let client = self.client(&node)?;
                 let r = self.on_node(&node, client.apply_batch(req, timeout)).await;
@@ -423,10 +415,7 @@ impl Cluster {
         }
         committed.sort_unstable();
         let done: Vec<String> = committed.iter().map(u32::to_string).collect();
-        Err(first.context(format!(
-            "the write is incomplete (shards {} committed their parts): retry it",
-            done.join(", ")
-        )))
+        Err(first.context(format!("the write is incomplete (shards {} committed their parts): retry it", done.join(", "))))
     }
 
     pub async fn ingest(&self, req: v1::IngestRequest, caller: Option<Duration>) -> Result<v1::IngestAck, ShoalError> {
@@ -515,11 +504,7 @@ impl Cluster {
         let c = self.collection(&q.collection)?;
         let limits = &self.opts.limits;
         if q.queries.is_empty() || q.queries.len() > limits.max_queries {
-            return Err(ShoalError::invalid(format!(
-                "a search takes 1 to {} query vectors, got {}",
-                limits.max_queries,
-                q.queries.len()
-            )));
+            return Err(ShoalError::invalid(format!("a search takes 1 to {} query vectors, got {}", limits.max_queries, q.queries.len())));
         }
         for (i, v) in q.queries.iter().enumerate() {
             vector_check(v, &c, i, q.queries.len())?;
@@ -570,12 +555,7 @@ impl Cluster {
         let nodes = members
             .iter()
             .zip(probes)
-            .map(|(m, p)| v1::NodeInfo {
-                id: m.id.to_string(),
-                address: m.address.clone(),
-                available: p.is_ok(),
-                shards: p.unwrap_or(0),
-            })
+            .map(|(m, p)| v1::NodeInfo { id: m.id.to_string(), address: m.address.clone(), available: p.is_ok(), shards: p.unwrap_or(0) })
             .collect();
         let collections = collections.iter().zip(shards).map(|(c, s)| info(c, s)).collect();
         v1::ClusterStatusResponse { nodes, collections }
@@ -595,11 +575,8 @@ fn search_failure(failures: &[(u32, NodeId, ShoalError)], total: u32, allow_part
     if allow_partial {
         return None;
     }
-    let code = if failures.iter().all(|f| f.2.code == ErrorCode::DeadlineExceeded) {
-        ErrorCode::DeadlineExceeded
-    } else {
-        ErrorCode::Unavailable
-    };
+    let code =
+        if failures.iter().all(|f| f.2.code == ErrorCode::DeadlineExceeded) { ErrorCode::DeadlineExceeded } else { ErrorCode::Unavailable };
     let mut err = ShoalError::new(
         code,
         format!(

@@ -85,10 +85,8 @@ impl MetadataStore for InMemoryMetadata {
 /// Shards to nodes: each new shard goes to the node holding the fewest
 /// shards so far (ties by node order), so collections spread evenly.
 pub fn place(shard_count: u32, members: &[Member], existing: &[Collection]) -> Vec<NodeId> {
-    let mut load: Vec<(usize, &Member)> = members
-        .iter()
-        .map(|m| (existing.iter().flat_map(|c| &c.placement).filter(|n| **n == m.id).count(), m))
-        .collect();
+    let mut load: Vec<(usize, &Member)> =
+        members.iter().map(|m| (existing.iter().flat_map(|c| &c.placement).filter(|n| **n == m.id).count(), m)).collect();
     let mut placement = Vec::with_capacity(shard_count as usize);
     for _ in 0..shard_count {
         let Some(slot) = load.iter_mut().enumerate().min_by_key(|(i, (l, _))| (*l, *i)).map(|(_, s)| s) else { break };
@@ -112,11 +110,7 @@ mod tests {
         let first = place(4, &members, &[]);
         let ids: Vec<&str> = first.iter().map(NodeId::as_str).collect();
         assert_eq!(ids, ["n0", "n1", "n2", "n0"]);
-        let existing = [Collection {
-            name: CollectionName::parse("a").unwrap(),
-            spec: v1::ShardSpec::default(),
-            placement: first,
-        }];
+        let existing = [Collection { name: CollectionName::parse("a").unwrap(), spec: v1::ShardSpec::default(), placement: first }];
         let second: Vec<String> = place(2, &members, &existing).iter().map(ToString::to_string).collect();
         assert_eq!(second, ["n1", "n2"]);
         assert!(place(3, &[], &[]).is_empty());

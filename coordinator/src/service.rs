@@ -143,12 +143,7 @@ impl Shoal for ShoalService {
         let span = tracing::info_span!("search", collection = %q.collection, queries = 1, k = q.k, ef = q.ef);
         let mut out = self.cluster.search_many(q, caller).instrument(span).await?;
         let hits = out.results.pop().ok_or_else(|| ShoalError::internal("search produced no result"))?;
-        self.fits(v1::SearchResponse {
-            hits,
-            shards_total: out.shards_total,
-            shards_answered: out.shards_answered,
-            partial: out.partial,
-        })
+        self.fits(v1::SearchResponse { hits, shards_total: out.shards_total, shards_answered: out.shards_answered, partial: out.partial })
     }
 
     async fn search_batch(&self, r: Request<v1::SearchBatchRequest>) -> Result<Response<v1::SearchBatchResponse>, Status> {

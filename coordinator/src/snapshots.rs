@@ -43,13 +43,7 @@ fn new_id() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = if m <= 2 { era * 400 + yoe + 1 } else { era * 400 + yoe };
-    format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}.{millis:03}Z-{:04x}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        rand::random::<u16>()
-    )
+    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}.{millis:03}Z-{:04x}", rem / 3600, rem % 3600 / 60, rem % 60, rand::random::<u16>())
 }
 
 impl Cluster {

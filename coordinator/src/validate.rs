@@ -50,11 +50,7 @@ pub fn vector(v: &[f32], spec: &v1::ShardSpec, what: impl Display) -> Result<(),
         return Err(ShoalError::invalid(format!("{what}: vector is empty")));
     }
     if v.len() != spec.dimension as usize {
-        return Err(ShoalError::invalid(format!(
-            "{what}: vector has dimension {}, the collection expects {}",
-            v.len(),
-            spec.dimension
-        )));
+        return Err(ShoalError::invalid(format!("{what}: vector has dimension {}, the collection expects {}", v.len(), spec.dimension)));
     }
     if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
         return Err(ShoalError::invalid(format!("{what}: component {i} is {x}; every component must be finite")));
@@ -110,11 +106,7 @@ pub fn write(points: &[v1::Point], deletes: &[u64], spec: &v1::ShardSpec, limits
 /// The source and offset of an ingest batch.
 pub fn source(s: &v1::SourceOffset, limits: &Limits) -> Result<(), ShoalError> {
     if s.source.is_empty() || s.source.len() > limits.max_source_bytes {
-        return Err(ShoalError::invalid(format!(
-            "source name must be 1 to {} bytes, got {}",
-            limits.max_source_bytes,
-            s.source.len()
-        )));
+        return Err(ShoalError::invalid(format!("source name must be 1 to {} bytes, got {}", limits.max_source_bytes, s.source.len())));
     }
     // Offsets must grow, so a source at the largest one could never apply
     // another batch.
@@ -172,11 +164,8 @@ mod tests {
         let s = spec(v1::Metric::Dot);
         let l = Limits::default();
         assert!(write(&[], &[], &s, &l).unwrap_err().message.contains("empty"));
-        let bad_json = v1::Point {
-            id: 1,
-            vector: vec![1.0; 3],
-            payload: Some(v1::Payload { kind: Some(v1::payload::Kind::Json("{oops".into())) }),
-        };
+        let bad_json =
+            v1::Point { id: 1, vector: vec![1.0; 3], payload: Some(v1::Payload { kind: Some(v1::payload::Kind::Json("{oops".into())) }) };
         assert!(write(&[bad_json], &[], &s, &l).unwrap_err().message.contains("not valid JSON"));
         assert_eq!(search_params(10, 0, &l).unwrap(), 64);
         assert_eq!(search_params(100, 0, &l).unwrap(), 200);

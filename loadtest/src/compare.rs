@@ -76,11 +76,8 @@ pub(crate) fn table(runs: &[Value], against: &str) -> String {
     }
     row(cells);
 
-    let efs: Vec<u64> = runs
-        .first()
-        .and_then(|r| r["search"].as_array())
-        .map(|a| a.iter().filter_map(|s| s["ef"].as_u64()).collect())
-        .unwrap_or_default();
+    let efs: Vec<u64> =
+        runs.first().and_then(|r| r["search"].as_array()).map(|a| a.iter().filter_map(|s| s["ef"].as_u64()).collect()).unwrap_or_default();
     let search = |r: &Value, ef: u64| -> Option<(f64, f64)> {
         let s = r["search"].as_array()?.iter().find(|s| s["ef"].as_u64() == Some(ef))?;
         Some((f(&s["recall"])?, f(&s["qps"])?))

@@ -6,8 +6,8 @@
 //! and a modelled network-disk time. See `docs/network-disks.md`.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
 use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -198,8 +198,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     if let Some(group) = &a.child_cgroup {
         // The measurement child of the cgroup mode: the index and ground
         // truth are there; everything it reads is already in memory.
-        let truth = load_truth(&root, n + a.inserts, queries.len())?
-            .context("the parent left no ground truth for the cgroup child")?;
+        let truth = load_truth(&root, n + a.inserts, queries.len())?.context("the parent left no ground truth for the cgroup child")?;
         let ctx = Ctx { root, opts, inserts, queries, truth, ef: a.ef };
         let result = measure(&ctx, Mode::Cgroup, Some(group))?;
         let out = a.child_out.as_ref().context("--child-out is required with --child-cgroup")?;
@@ -413,11 +412,7 @@ impl Op {
     }
 }
 
-fn sample_json(
-    (s, slow): &(Sample, Option<(u64, u64)>),
-    per: Option<(&str, usize)>,
-    map: Option<&PageMap>,
-) -> Result<Value> {
+fn sample_json((s, slow): &(Sample, Option<(u64, u64)>), per: Option<(&str, usize)>, map: Option<&PageMap>) -> Result<Value> {
     let mut v = serde_json::to_value(s)?;
     if let Some((reads, bytes)) = slow {
         // What reached the (simulated) device: faults the page cache

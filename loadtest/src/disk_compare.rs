@@ -48,11 +48,8 @@ fn bytes_per(run: &Value, file: &Value, op: &str) -> Option<f64> {
 
 fn label(file: &Value, mode: &str) -> String {
     let ra = if file["params"]["read_ahead"].as_bool() == Some(true) { "ra on" } else { "ra off" };
-    let slow = if file["runs"].as_array().is_some_and(|r| r.iter().any(|r| r["insert"]["slowfs_reads"].is_number())) {
-        " slowfs"
-    } else {
-        ""
-    };
+    let slow =
+        if file["runs"].as_array().is_some_and(|r| r.iter().any(|r| r["insert"]["slowfs_reads"].is_number())) { " slowfs" } else { "" };
     format!("{} {ra} {mode}{slow}", file["lib"].as_str().unwrap_or("?"))
 }
 

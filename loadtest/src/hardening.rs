@@ -170,7 +170,8 @@ async fn cancel(a: &Args, dir: &Path) -> Result<Value> {
     let queries: Vec<v1::Vector> =
         (0..a.queries).map(|_| v1::Vector { values: (0..a.dim).map(|_| rng.random_range(-1.0f32..1.0)).collect() }).collect();
     // Warm up with a small search.
-    c.search_batch(v1::SearchBatchRequest { collection: "docs".into(), queries: queries[..4].to_vec(), k: 10, ..Default::default() }).await?;
+    c.search_batch(v1::SearchBatchRequest { collection: "docs".into(), queries: queries[..4].to_vec(), k: 10, ..Default::default() })
+        .await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_before: Vec<u64> = cluster.nodes.iter().map(Proc::rss_bytes).collect::<Result<_>>()?;
     let anon_before: Vec<u64> = cluster.nodes.iter().map(Proc::rss_anon_bytes).collect::<Result<_>>()?;
@@ -215,18 +216,27 @@ async fn timed<T, E: std::fmt::Debug>(f: impl std::future::Future<Output = Resul
     let started = Instant::now();
     let r = f.await;
     let took = started.elapsed();
-    (took, match r {
-        Ok(_) => "OK".into(),
-        Err(e) => format!("{e:?}").chars().take(300).collect(),
-    })
+    (
+        took,
+        match r {
+            Ok(_) => "OK".into(),
+            Err(e) => format!("{e:?}").chars().take(300).collect(),
+        },
+    )
 }
 
 async fn hung(a: &Args, dir: &Path) -> Result<Value> {
     let cluster = ProcessCluster::start(&spec(a, dir, 3))?;
     let mut c = client(&cluster).await?;
     let mut rng = StdRng::seed_from_u64(a.seed);
-    c.create_collection(v1::CreateCollectionRequest { name: "docs".into(), dimension: 16, metric: v1::Metric::Cosine as i32, shard_count: 3, index: None })
-        .await?;
+    c.create_collection(v1::CreateCollectionRequest {
+        name: "docs".into(),
+        dimension: 16,
+        metric: v1::Metric::Cosine as i32,
+        shard_count: 3,
+        index: None,
+    })
+    .await?;
     c.upsert(v1::UpsertRequest { collection: "docs".into(), points: random_points(&mut rng, 16, 0..300) }).await?;
     cluster.nodes[2].stop()?;
     // The signal is delivered asynchronously; let it land.
@@ -247,7 +257,13 @@ async fn hung(a: &Args, dir: &Path) -> Result<Value> {
     let pts = random_points(&mut rng, 16, 2_000..2_030);
     let (t, r) = timed(c.clone().upsert(v1::UpsertRequest { collection: "docs".into(), points: pts })).await;
     out.insert("upsert_later".into(), json!({ "ms": t.as_millis() as u64, "result": r }));
-    let batch = v1::IngestRequest { collection: "docs".into(), source: "job".into(), offset: 0, points: random_points(&mut rng, 16, 3_000..3_010), deletes: vec![] };
+    let batch = v1::IngestRequest {
+        collection: "docs".into(),
+        source: "job".into(),
+        offset: 0,
+        points: random_points(&mut rng, 16, 3_000..3_010),
+        deletes: vec![],
+    };
     let mut ic = c.clone();
     let (t, r) = timed(async move {
         let mut acks = ic.ingest(tokio_stream::iter(vec![batch])).await?.into_inner();
@@ -297,12 +313,19 @@ async fn disk_full(a: &Args, dir: &Path) -> Result<Value> {
     let cluster = ProcessCluster::start(&s)?;
     let mut c = client(&cluster).await?;
     let mut rng = StdRng::seed_from_u64(a.seed);
-    c.create_collection(v1::CreateCollectionRequest { name: "big".into(), dimension: 1024, metric: v1::Metric::Cosine as i32, shard_count: 1, index: None })
-        .await?;
+    c.create_collection(v1::CreateCollectionRequest {
+        name: "big".into(),
+        dimension: 1024,
+        metric: v1::Metric::Cosine as i32,
+        shard_count: 1,
+        index: None,
+    })
+    .await?;
     let mut acked = 0;
     let mut full = String::new();
     for b in 0..1000u64 {
-        match c.upsert(v1::UpsertRequest { collection: "big".into(), points: random_points(&mut rng, 1024, b * 256..b * 256 + 256) }).await {
+        match c.upsert(v1::UpsertRequest { collection: "big".into(), points: random_points(&mut rng, 1024, b * 256..b * 256 + 256) }).await
+        {
             Ok(_) => acked += 256,
             Err(e) => {
                 full = format!("{:?}: {}", e.code(), e.message());
@@ -311,11 +334,20 @@ async fn disk_full(a: &Args, dir: &Path) -> Result<Value> {
         }
     }
     let create = c
-        .create_collection(v1::CreateCollectionRequest { name: "small".into(), dimension: 8, metric: v1::Metric::Cosine as i32, shard_count: 1, index: None })
+        .create_collection(v1::CreateCollectionRequest {
+            name: "small".into(),
+            dimension: 8,
+            metric: v1::Metric::Cosine as i32,
+            shard_count: 1,
+            index: None,
+        })
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let exited = cluster.nodes[0].exited()?;
-    let left: Vec<String> = std::fs::read_dir(small.join("node/shards"))?.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let left: Vec<String> = std::fs::read_dir(small.join("node/shards"))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
     Ok(json!({
         "points_before_full": acked,
         "full_batch": full,

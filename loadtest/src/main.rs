@@ -11,8 +11,8 @@ mod hardening;
 mod index_bench;
 mod load;
 mod memory;
-mod snapshot_bench;
 mod slowfs;
+mod snapshot_bench;
 mod synth;
 
 use clap::{Parser, Subcommand};

@@ -28,9 +28,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, MountOption, OpenFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    Request, WriteFlags,
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, MountOption, OpenFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -115,8 +114,7 @@ impl Inodes {
     /// Moves `from` and everything under it to `to`.
     fn rename(&mut self, from: &Path, to: &Path) {
         self.forget_path(to);
-        let moved: Vec<(PathBuf, u64)> =
-            self.inos.iter().filter(|(p, _)| p.starts_with(from)).map(|(p, i)| (p.clone(), *i)).collect();
+        let moved: Vec<(PathBuf, u64)> = self.inos.iter().filter(|(p, _)| p.starts_with(from)).map(|(p, i)| (p.clone(), *i)).collect();
         for (p, i) in moved {
             let Ok(rest) = p.strip_prefix(from) else { continue };
             let np = if rest.as_os_str().is_empty() { to.to_owned() } else { to.join(rest) };
@@ -142,11 +140,7 @@ fn errno(e: std::io::Error) -> Errno {
 }
 
 fn time(secs: i64, nsecs: i64) -> SystemTime {
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::new(secs as u64, nsecs.clamp(0, 999_999_999) as u32)
-    } else {
-        UNIX_EPOCH
-    }
+    if secs >= 0 { UNIX_EPOCH + Duration::new(secs as u64, nsecs.clamp(0, 999_999_999) as u32) } else { UNIX_EPOCH }
 }
 
 fn attr(ino: u64, m: &std::fs::Metadata) -> FileAttr {
@@ -545,16 +539,7 @@ impl Filesystem for SlowFs {
         reply.ok();
     }
 
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
+    fn fallocate(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
         let f = match self.file(fh) {
             Ok(f) => f,
             Err(e) => return reply.error(e),
@@ -602,10 +587,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
     let session = fuser::spawn_mount(fs, &a.mount, &config).with_context(|| {
-        format!(
-            "mounting {} (as root this needs /dev/fuse; otherwise fusermount3 from Debian's fuse3)",
-            a.mount.display()
-        )
+        format!("mounting {} (as root this needs /dev/fuse; otherwise fusermount3 from Debian's fuse3)", a.mount.display())
     })?;
     eprintln!(
         "slowfs: {} on {} with {} ms per read, {} ms per write, {} threads; Ctrl-C or SIGTERM unmounts",
@@ -627,8 +609,6 @@ pub(crate) fn run(a: Args) -> Result<()> {
 /// (reads, read bytes).
 pub(crate) fn counters_above(dir: &Path) -> Option<(u64, u64)> {
     let text = dir.ancestors().find_map(|d| std::fs::read_to_string(d.join(STATS_FILE)).ok())?;
-    let field = |name: &str| {
-        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')).and_then(|v| v.trim().parse::<u64>().ok())
-    };
+    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')).and_then(|v| v.trim().parse::<u64>().ok());
     Some((field("reads")?, field("read_bytes")?))
 }

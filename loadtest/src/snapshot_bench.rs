@@ -13,9 +13,7 @@ use anyhow::{Context, Result, bail};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use shoal_engine::{Batch, Index, IndexOptions, IndexParams, Metric, SearchParams};
-use shoal_snapshot::{
-    Operation, Progress, RestoreOptions, RestoreSource, SnapshotOptions, SnapshotStore, SnapshotTarget, TransferOptions,
-};
+use shoal_snapshot::{Operation, Progress, RestoreOptions, RestoreSource, SnapshotOptions, SnapshotStore, SnapshotTarget, TransferOptions};
 
 use crate::fvecs::VecFile;
 
@@ -138,7 +136,11 @@ pub(crate) fn run(a: Args) -> Result<()> {
     line(&format!("tar | zstd -{} -T0", a.zstd_level), baseline.tar_zstd_secs, baseline.tar_zstd_bytes);
     line("zstd -d | tar (restore baseline)", baseline.untar_secs, file_bytes);
     for r in &results {
-        line(&format!("snapshot to {}", r["store"].as_str().unwrap_or("?")), r["snapshot_secs"].as_f64().unwrap_or(0.0), r["stored_bytes"].as_u64().unwrap_or(0));
+        line(
+            &format!("snapshot to {}", r["store"].as_str().unwrap_or("?")),
+            r["snapshot_secs"].as_f64().unwrap_or(0.0),
+            r["stored_bytes"].as_u64().unwrap_or(0),
+        );
         line(&format!("restore from {}", r["store"].as_str().unwrap_or("?")), r["restore_secs"].as_f64().unwrap_or(0.0), used);
     }
     println!("rebuild from raw vectors           {build_secs:>9.2}");
@@ -254,7 +256,8 @@ async fn snapshot_and_restore(
     let target = SnapshotTarget { collection: "bench".into(), shard: 0, shard_count: 1, id: None };
     settle();
     let t = Instant::now();
-    let m = shoal_snapshot::create_snapshot(store, Arc::clone(index), &target, &snap_opts, Arc::new(Progress::new(Operation::Snapshot))).await?;
+    let m = shoal_snapshot::create_snapshot(store, Arc::clone(index), &target, &snap_opts, Arc::new(Progress::new(Operation::Snapshot)))
+        .await?;
     let snapshot_secs = t.elapsed().as_secs_f64();
     println!(
         "snapshot to {}: {snapshot_secs:.2}s, {:.0} MiB/s; {:.1} MiB -> {:.1} MiB stored ({:.1}%) in {} chunks",

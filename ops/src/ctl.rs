@@ -6,9 +6,7 @@ use shoal_proto::v1::shoal_client::ShoalClient;
 use tonic::transport::Channel;
 
 pub async fn connect(endpoint: &str) -> anyhow::Result<ShoalClient<Channel>> {
-    ShoalClient::connect(endpoint.to_owned())
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {endpoint}: {e}"))
+    ShoalClient::connect(endpoint.to_owned()).await.map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {endpoint}: {e}"))
 }
 
 fn metric_name(m: i32) -> &'static str {

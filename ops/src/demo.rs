@@ -104,10 +104,7 @@ async fn drive(cluster: &EmbeddedCluster, data: &DemoData, args: &DemoArgs) -> a
         "ingested {upserted} points in {n_batches} batches in {ingest_secs:.2}s: {:.0} vectors/s (acknowledged after every shard committed)",
         upserted as f64 / ingest_secs
     );
-    let offsets = client
-        .get_offsets(v1::GetOffsetsRequest { collection: COLLECTION.into(), sources: vec![] })
-        .await?
-        .into_inner();
+    let offsets = client.get_offsets(v1::GetOffsetsRequest { collection: COLLECTION.into(), sources: vec![] }).await?.into_inner();
     for o in &offsets.offsets {
         println!("source {} stands at offset {} on every shard", o.source, o.offset);
     }
@@ -159,10 +156,8 @@ async fn snapshot_and_restore(cluster: &EmbeddedCluster, data: &DemoData, args: 
     println!();
     println!("== snapshot to object storage ({})", args.data_dir.join("snapshots").display());
     let t = Instant::now();
-    let made = client
-        .create_snapshot(v1::CreateSnapshotRequest { collection: COLLECTION.into(), ..Default::default() })
-        .await?
-        .into_inner();
+    let made =
+        client.create_snapshot(v1::CreateSnapshotRequest { collection: COLLECTION.into(), ..Default::default() }).await?.into_inner();
     let secs = t.elapsed().as_secs_f64();
     let image: u64 = made.shards.iter().map(|s| s.image_bytes).sum();
     let stored: u64 = made.shards.iter().map(|s| s.stored_bytes).sum();
@@ -211,10 +206,8 @@ async fn compare_restored(
     let (mut old, mut new) = (connect(owner).await?, connect(fresh).await?);
     let shard_id = || Some(v1::ShardId { collection: COLLECTION.into(), shard });
     let t = Instant::now();
-    let stats = new
-        .restore_shard(v1::RestoreShardRequest { shard: shard_id(), snapshot_id: id.into(), replace: false })
-        .await?
-        .into_inner();
+    let stats =
+        new.restore_shard(v1::RestoreShardRequest { shard: shard_id(), snapshot_id: id.into(), replace: false }).await?.into_inner();
     let secs = t.elapsed().as_secs_f64();
     let offsets: Vec<String> = stats.offsets.iter().map(|o| format!("{}@{}", o.source, o.offset)).collect();
     println!(

@@ -126,10 +126,7 @@ pub fn parse(bytes: &[u8]) -> anyhow::Result<DemoData> {
     let points = r.records(n_points, dim, "point").with_context(shape)?;
     let queries = r.records(n_queries, dim, "query").with_context(shape)?;
     if r.at != bytes.len() {
-        bail!(
-            "{} bytes after the last record: the header's dimension or counts do not match the body",
-            bytes.len() - r.at
-        );
+        bail!("{} bytes after the last record: the header's dimension or counts do not match the body", bytes.len() - r.at);
     }
     Ok(DemoData { dim, points, queries })
 }

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use shoal_coordinator::config::ShardNodeEntry;
 use shoal_coordinator::{CoordinatorConfig, RunningCoordinator};
 use shoal_proto::v1::shoal_client::ShoalClient;
-use shoal_shard_node::config::{EngineConfig, SnapshotConfig};
 use shoal_server::TelemetryConfig;
+use shoal_shard_node::config::{EngineConfig, SnapshotConfig};
 use shoal_shard_node::{RunningShardNode, ShardNodeConfig};
 use tonic::transport::Channel;
 
@@ -90,10 +90,7 @@ impl EmbeddedCluster {
         let mut ccfg = cfg.coordinator.clone();
         ccfg.listen = cfg.coordinator_listen;
         ccfg.telemetry = cfg.telemetry.clone();
-        ccfg.shard_nodes = node_configs
-            .iter()
-            .map(|n| ShardNodeEntry { id: n.node_id.clone(), address: n.listen.to_string() })
-            .collect();
+        ccfg.shard_nodes = node_configs.iter().map(|n| ShardNodeEntry { id: n.node_id.clone(), address: n.listen.to_string() }).collect();
         let coordinator = RunningCoordinator::start(&ccfg).await?;
         Ok(EmbeddedCluster { coordinator, nodes, node_configs })
     }

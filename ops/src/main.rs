@@ -60,7 +60,9 @@ enum Command {
 #[derive(Subcommand)]
 enum Collections {
     List,
-    Describe { name: String },
+    Describe {
+        name: String,
+    },
     Create {
         name: String,
         #[arg(long)]
@@ -74,7 +76,9 @@ enum Collections {
         #[arg(long, default_value_t = 100)]
         ef_construction: u32,
     },
-    Drop { name: String },
+    Drop {
+        name: String,
+    },
 }
 
 #[tokio::main]
@@ -117,7 +121,9 @@ async fn dev(data_dir: PathBuf, shard_nodes: usize, port: u16) -> anyhow::Result
     }
     println!();
     println!("try:  grpcurl -plaintext 127.0.0.1:{port} list");
-    println!("      grpcurl -plaintext -d '{{\"name\":\"docs\",\"dimension\":3,\"metric\":\"COSINE\"}}' 127.0.0.1:{port} shoal.v1.Shoal/CreateCollection");
+    println!(
+        "      grpcurl -plaintext -d '{{\"name\":\"docs\",\"dimension\":3,\"metric\":\"COSINE\"}}' 127.0.0.1:{port} shoal.v1.Shoal/CreateCollection"
+    );
     println!("      shoalctl status");
     println!("Ctrl-C stops it (queued batches commit first).");
     tokio::signal::ctrl_c().await?;

@@ -57,8 +57,15 @@ pub async fn run(endpoint: &str, cmd: SnapshotCommand) -> anyhow::Result<()> {
     let mut client = ctl::connect(endpoint).await?;
     match cmd {
         SnapshotCommand::Create { collection, id, zstd_level } => {
-            let req = v1::CreateSnapshotRequest { collection: collection.clone(), snapshot_id: id.unwrap_or_default(), zstd_level: zstd_level.unwrap_or(0) };
-            let call = { let mut c = client.clone(); async move { c.create_snapshot(req).await } };
+            let req = v1::CreateSnapshotRequest {
+                collection: collection.clone(),
+                snapshot_id: id.unwrap_or_default(),
+                zstd_level: zstd_level.unwrap_or(0),
+            };
+            let call = {
+                let mut c = client.clone();
+                async move { c.create_snapshot(req).await }
+            };
             let resp = with_progress(&mut client, &collection, "snapshot", call).await?.into_inner();
             println!("snapshot {} of {collection}:", resp.snapshot_id);
             print_infos(&resp.shards);
@@ -76,7 +83,10 @@ pub async fn run(endpoint: &str, cmd: SnapshotCommand) -> anyhow::Result<()> {
         }
         SnapshotCommand::Restore { collection, id, shard, replace } => {
             let req = v1::RestoreSnapshotRequest { collection: collection.clone(), snapshot_id: id.clone(), shard, replace };
-            let call = { let mut c = client.clone(); async move { c.restore_snapshot(req).await } };
+            let call = {
+                let mut c = client.clone();
+                async move { c.restore_snapshot(req).await }
+            };
             let resp = with_progress(&mut client, &collection, "restore", call).await?.into_inner();
             println!("restored snapshot {id} of {collection}:");
             print_infos(&resp.restored);
@@ -128,8 +138,10 @@ async fn with_progress<T>(
 ) -> anyhow::Result<T> {
     let bar = ProgressBar::new(0);
     bar.set_style(
-        ProgressStyle::with_template("{spinner} {prefix} [{elapsed_precise}] {wide_bar} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{spinner} {prefix} [{elapsed_precise}] {wide_bar} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_prefix(what.to_owned());
     tokio::pin!(call);

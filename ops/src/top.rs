@@ -177,10 +177,7 @@ fn ms(v: Option<f64>) -> String {
 
 /// The view as text.
 pub fn render(endpoint: &str, coord: &CoordinatorRow, nodes: &[NodeRow], over: Duration) -> String {
-    let mut out = format!(
-        "shoal top: {endpoint}  (rates over the last {:.1} s; p99 is a bucket's upper bound)\n\n",
-        over.as_secs_f64()
-    );
+    let mut out = format!("shoal top: {endpoint}  (rates over the last {:.1} s; p99 is a bucket's upper bound)\n\n", over.as_secs_f64());
     out.push_str(&format!(
         "coordinator  searches/s {:>9.1}  p99 ms {:>8}  errors/s {:>7.1}  RSS MiB {:>7.1}\n\n",
         coord.searches_per_s,

@@ -191,12 +191,8 @@ impl ShoalError {
 
 impl From<Status> for ShoalError {
     fn from(s: Status) -> ShoalError {
-        let retry_after = s
-            .metadata()
-            .get(RETRY_AFTER_MS)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .map(Duration::from_millis);
+        let retry_after =
+            s.metadata().get(RETRY_AFTER_MS).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).map(Duration::from_millis);
         ShoalError { code: ErrorCode::from_grpc(s.code()), message: s.message().to_owned(), retry_after }
     }
 }
@@ -212,7 +208,14 @@ mod tests {
         assert_eq!(s.code(), Code::Unavailable);
         assert_eq!(s.metadata().get(RETRY_AFTER_MS).unwrap(), "250");
         assert_eq!(ShoalError::from(s), e);
-        for code in [ErrorCode::InvalidArgument, ErrorCode::NotFound, ErrorCode::AlreadyExists, ErrorCode::ResourceExhausted, ErrorCode::DeadlineExceeded, ErrorCode::Internal] {
+        for code in [
+            ErrorCode::InvalidArgument,
+            ErrorCode::NotFound,
+            ErrorCode::AlreadyExists,
+            ErrorCode::ResourceExhausted,
+            ErrorCode::DeadlineExceeded,
+            ErrorCode::Internal,
+        ] {
             let s: Status = ShoalError::new(code, "x").into();
             assert_eq!(ShoalError::from(s).code, code);
         }

@@ -95,7 +95,8 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let grpc = req.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-        let pending = grpc.then(|| Pending { method: req.uri().path().to_owned(), started: Instant::now(), duration: self.duration.clone() });
+        let pending =
+            grpc.then(|| Pending { method: req.uri().path().to_owned(), started: Instant::now(), duration: self.duration.clone() });
         MeteredFuture { inner: self.inner.call(req), pending }
     }
 }

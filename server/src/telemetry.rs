@@ -26,9 +26,9 @@ use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use serde::{Deserialize, Serialize};
+use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 /// Telemetry settings (`[coordinator.telemetry]`, `[shard_node.telemetry]`).
@@ -130,11 +130,8 @@ fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
             }
             Err(e) => problems.push(format!("no OTLP metrics to {ep}: {e}")),
         }
-        let spans = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(ep.clone())
-            .with_timeout(Duration::from_secs(3))
-            .build();
+        let spans =
+            opentelemetry_otlp::SpanExporter::builder().with_tonic().with_endpoint(ep.clone()).with_timeout(Duration::from_secs(3)).build();
         match spans {
             Ok(exporter) => {
                 let ratio = cfg.sampling_ratio.clamp(0.0, 1.0);

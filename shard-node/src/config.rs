@@ -71,13 +71,7 @@ pub struct NodeLimits {
 
 impl Default for NodeLimits {
     fn default() -> Self {
-        NodeLimits {
-            max_shards: 1024,
-            max_shards_per_collection: 1024,
-            max_queries: 1024,
-            max_hits: 1_000_000,
-            max_concurrent_searches: 0,
-        }
+        NodeLimits { max_shards: 1024, max_shards_per_collection: 1024, max_queries: 1024, max_hits: 1_000_000, max_concurrent_searches: 0 }
     }
 }
 

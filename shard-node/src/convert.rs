@@ -12,9 +12,7 @@ pub(crate) fn metric_from_proto(m: i32) -> Result<Metric, ShoalError> {
         Ok(v1::Metric::Cosine) => Ok(Metric::Cosine),
         Ok(v1::Metric::Dot) => Ok(Metric::Dot),
         Ok(v1::Metric::Euclidean) => Ok(Metric::Euclidean),
-        Ok(v1::Metric::Unspecified) | Err(_) => {
-            Err(ShoalError::invalid(format!("metric {m} is not one of COSINE, DOT, EUCLIDEAN")))
-        }
+        Ok(v1::Metric::Unspecified) | Err(_) => Err(ShoalError::invalid(format!("metric {m} is not one of COSINE, DOT, EUCLIDEAN"))),
     }
 }
 

@@ -222,11 +222,7 @@ impl ShardHost {
 
     pub(crate) fn get(&self, key: &ShardKey) -> Result<Arc<Shard>, ShoalError> {
         self.check_open()?;
-        self.shards
-            .read()
-            .get(key)
-            .cloned()
-            .ok_or_else(|| ShoalError::not_found(format!("shard {}/{} is not on this node", key.0, key.1)))
+        self.shards.read().get(key).cloned().ok_or_else(|| ShoalError::not_found(format!("shard {}/{} is not on this node", key.0, key.1)))
     }
 
     /// Creates a shard, or confirms one that exists with the same spec (so a
@@ -339,12 +335,9 @@ impl ShardHost {
                 deleted: deleted as u32,
                 missing: missing as u32,
             },
-            BatchOutcome::Skipped { .. } => v1::ApplyBatchResponse {
-                status: v1::BatchStatus::Skipped as i32,
-                upserted: 0,
-                deleted: 0,
-                missing: 0,
-            },
+            BatchOutcome::Skipped { .. } => {
+                v1::ApplyBatchResponse { status: v1::BatchStatus::Skipped as i32, upserted: 0, deleted: 0, missing: 0 }
+            }
         })
     }
 
@@ -429,10 +422,7 @@ impl ShardHost {
     pub async fn shutdown(&self) {
         self.closing.store(true, Ordering::Release);
         let shards: Vec<Arc<Shard>> = self.shards.write().drain().map(|(_, s)| s).collect();
-        let closing: Vec<JoinHandle<()>> = shards
-            .into_iter()
-            .map(|s| tokio::spawn(async move { s.close().await }))
-            .collect();
+        let closing: Vec<JoinHandle<()>> = shards.into_iter().map(|s| tokio::spawn(async move { s.close().await })).collect();
         for c in closing {
             let _ = c.await;
         }

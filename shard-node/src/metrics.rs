@@ -139,9 +139,12 @@ fn register_gauges() {
         ("shoal.shard.link_log.lists", "", "Link lists in a shard's link log, waiting for a fold", |r| r.link_log_lists),
         ("shoal.shard.disk", "By", "Size of a shard's data file", |r| r.disk_bytes),
         ("shoal.shard.lmdb.map", "By", "Size of a shard's LMDB memory map", |r| r.map_bytes),
-        ("shoal.shard.lmdb.used", "By", "Bytes of a shard's map up to its last written page; map minus used is the room before the map grows", |r| {
-            r.used_bytes
-        }),
+        (
+            "shoal.shard.lmdb.used",
+            "By",
+            "Bytes of a shard's map up to its last written page; map minus used is the room before the map grows",
+            |r| r.used_bytes,
+        ),
         ("shoal.shard.queue.depth", "", "Batch parts waiting for a shard's writer", |r| r.queue_depth),
     ];
     for (name, unit, what, field) in gauges {

@@ -96,7 +96,12 @@ impl Searches {
     }
 
     /// Runs `req` on `index` for `caller`.
-    pub(crate) async fn run(&self, index: Arc<Index>, req: v1::SearchShardRequest, caller: Caller) -> Result<Vec<v1::SearchResult>, ShoalError> {
+    pub(crate) async fn run(
+        &self,
+        index: Arc<Index>,
+        req: v1::SearchShardRequest,
+        caller: Caller,
+    ) -> Result<Vec<v1::SearchResult>, ShoalError> {
         let checked = self.check(&index, req)?;
         let slot = tokio::select! {
             slot = Arc::clone(&self.slots).acquire_owned() => {
@@ -124,11 +129,7 @@ impl Searches {
     fn check(&self, index: &Index, req: v1::SearchShardRequest) -> Result<Checked, ShoalError> {
         let v1::SearchShardRequest { shard: _, queries, k, ef, with_payload } = req;
         if queries.is_empty() || queries.len() > self.max_queries {
-            return Err(ShoalError::invalid(format!(
-                "a search takes 1 to {} query vectors, got {}",
-                self.max_queries,
-                queries.len()
-            )));
+            return Err(ShoalError::invalid(format!("a search takes 1 to {} query vectors, got {}", self.max_queries, queries.len())));
         }
         let p = index.params();
         let n = queries.len();
@@ -177,10 +178,7 @@ fn answer(index: &Index, c: &Checked, caller: &Caller, max_bytes: usize) -> Resu
             Err(e) => return Err(engine_error(e)),
         };
         let result = v1::SearchResult {
-            hits: hits
-                .into_iter()
-                .map(|h| v1::Hit { id: h.id, distance: h.distance, payload: payload_from_engine(h.payload) })
-                .collect(),
+            hits: hits.into_iter().map(|h| v1::Hit { id: h.id, distance: h.distance, payload: payload_from_engine(h.payload) }).collect(),
         };
         bytes += result.encoded_len() + 8;
         if bytes > max_bytes {

@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use shoal_engine::Index;
 use shoal_proto::{CollectionName, ShoalError, v1};
-use shoal_snapshot::{
-    Operation, Progress, RestoreOptions, RestoreSource, SnapshotError, SnapshotOptions, SnapshotStore, SnapshotTarget,
-};
+use shoal_snapshot::{Operation, Progress, RestoreOptions, RestoreSource, SnapshotError, SnapshotOptions, SnapshotStore, SnapshotTarget};
 
 use crate::config::SnapshotConfig;
 use crate::convert::{collection_snapshot, progress_proto, snapshot_error, snapshot_info};
@@ -46,7 +44,8 @@ impl Drop for Busy<'_> {
 impl Snapshots {
     pub(crate) fn open(cfg: &SnapshotConfig) -> anyhow::Result<Snapshots> {
         let store = SnapshotStore::open(&cfg.url)?;
-        let options = SnapshotOptions { zstd_level: cfg.zstd_level, chunk_size: cfg.chunk_bytes, concurrency: cfg.concurrency, ..Default::default() };
+        let options =
+            SnapshotOptions { zstd_level: cfg.zstd_level, chunk_size: cfg.chunk_bytes, concurrency: cfg.concurrency, ..Default::default() };
         options.validate()?;
         anyhow::ensure!(cfg.keep_last >= 1, "snapshot.keep_last must be at least 1");
         Ok(Snapshots { store, cfg: cfg.clone(), running: Mutex::new(HashMap::new()) })
@@ -119,7 +118,8 @@ impl ShardHost {
             ..Default::default()
         };
         if zstd_level != 0 {
-            opts.zstd_level = i32::try_from(zstd_level).map_err(|_| ShoalError::invalid(format!("zstd level {zstd_level} is out of range")))?;
+            opts.zstd_level =
+                i32::try_from(zstd_level).map_err(|_| ShoalError::invalid(format!("zstd level {zstd_level} is out of range")))?;
         }
         let (_busy, progress) = snaps.begin(&key, Operation::Snapshot, &id)?;
         let started = Instant::now();
@@ -219,13 +219,9 @@ impl ShardHost {
             .filter(|l| shard.is_none_or(|s| s == l.shard))
             .map(|l| match l.manifest {
                 Ok(m) => snapshot_info(&m, 0),
-                Err(e) => v1::SnapshotInfo {
-                    collection: l.collection,
-                    shard: l.shard,
-                    id: l.id,
-                    error: e.to_string(),
-                    ..Default::default()
-                },
+                Err(e) => {
+                    v1::SnapshotInfo { collection: l.collection, shard: l.shard, id: l.id, error: e.to_string(), ..Default::default() }
+                }
             })
             .collect();
         Ok(v1::ListSnapshotsResponse { snapshots, collection_snapshots })

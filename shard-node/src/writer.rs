@@ -78,8 +78,7 @@ impl ShardWriter {
     /// Queues `batch` and waits until it is committed (or rejected).
     pub(crate) async fn submit_via(tx: JobSender, batch: Batch) -> Result<BatchOutcome, ShoalError> {
         let (reply, done) = oneshot::channel();
-        tx.0
-            .send(Job { batch, reply, span: tracing::Span::current(), queued: Instant::now() })
+        tx.0.send(Job { batch, reply, span: tracing::Span::current(), queued: Instant::now() })
             .await
             .map_err(|_| ShoalError::unavailable("shard is closing", std::time::Duration::from_millis(500)))?;
         done.await.map_err(|_| ShoalError::internal("shard writer stopped before answering"))?

@@ -138,10 +138,8 @@ impl Walker<'_> {
     }
 
     fn claim(&mut self, pgno: u64, owner: u16, kind: Kind) -> io::Result<bool> {
-        let slot = self
-            .owners
-            .get_mut(pgno as usize)
-            .ok_or_else(|| malformed(self.b.path, format!("page {pgno} is past the end of the file")))?;
+        let slot =
+            self.owners.get_mut(pgno as usize).ok_or_else(|| malformed(self.b.path, format!("page {pgno} is past the end of the file")))?;
         if slot.is_some() {
             return Ok(false);
         }
@@ -169,9 +167,8 @@ impl Walker<'_> {
                 }
                 for i in 0..keys {
                     let node = off + self.b.u16(off + PAGE_HEADER + 2 * i)? as usize;
-                    let child = u64::from(self.b.u16(node)?)
-                        | (u64::from(self.b.u16(node + 2)?) << 16)
-                        | (u64::from(self.b.u16(node + 4)?) << 32);
+                    let child =
+                        u64::from(self.b.u16(node)?) | (u64::from(self.b.u16(node + 2)?) << 16) | (u64::from(self.b.u16(node + 4)?) << 32);
                     stack.push(child);
                 }
             } else if flags & (P_LEAF | P_LEAF2) != 0 {
@@ -203,9 +200,7 @@ impl Walker<'_> {
                     } else if nflags & F_SUBDATA != 0 {
                         let sub_root = self.b.u64(data + DB_RECORD - 8)?;
                         if is_main {
-                            let name = String::from_utf8_lossy(self.b.slice(node + NODE_HEADER, ksize)?)
-                                .trim_end_matches('\0')
-                                .to_owned();
+                            let name = String::from_utf8_lossy(self.b.slice(node + NODE_HEADER, ksize)?).trim_end_matches('\0').to_owned();
                             self.named.push((name, sub_root));
                         } else {
                             // A DUPSORT value set kept in its own tree.

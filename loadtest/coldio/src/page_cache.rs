@@ -38,8 +38,7 @@ impl Residency {
 
     /// Pages resident here but not in `before` (the file may have grown).
     pub fn newly_resident(&self, before: &Residency) -> Residency {
-        let pages =
-            self.pages.iter().enumerate().map(|(i, &now)| now && !before.pages.get(i).copied().unwrap_or(false)).collect();
+        let pages = self.pages.iter().enumerate().map(|(i, &now)| now && !before.pages.get(i).copied().unwrap_or(false)).collect();
         Residency { pages }
     }
 }

@@ -75,7 +75,8 @@ fn nice_max(v: f64) -> f64 {
 fn panel(r: &Report, series: &str, area: &DrawingArea<SVGBackend<'_>, Shift>, labels: bool) -> Result<()> {
     // Errors in the throughput's unit: an ingest batch that failed lost
     // its batch of vectors (the last batch may be smaller).
-    let per_error = r.phases.iter().find(|p| p.series == series).and_then(|p| p.params.get("batch")).and_then(serde_json::Value::as_f64).unwrap_or(1.0);
+    let per_error =
+        r.phases.iter().find(|p| p.series == series).and_then(|p| p.params.get("batch")).and_then(serde_json::Value::as_f64).unwrap_or(1.0);
     let rows: Vec<(f64, f64, f64, f64)> = r
         .timeline
         .iter()
@@ -121,7 +122,10 @@ fn panel(r: &Report, series: &str, area: &DrawingArea<SVGBackend<'_>, Shift>, la
     let phases: Vec<&PhaseSummary> = r.phases.iter().filter(|p| p.series == series).collect();
     if phases.len() > 1 {
         for p in &phases {
-            let line = PathElement::new(vec![(p.start_s, 0.0), (p.start_s, y_max)], ShapeStyle { color: PHASE.to_rgba(), filled: false, stroke_width: 1 });
+            let line = PathElement::new(
+                vec![(p.start_s, 0.0), (p.start_s, y_max)],
+                ShapeStyle { color: PHASE.to_rgba(), filled: false, stroke_width: 1 },
+            );
             chart.draw_series(std::iter::once(line)).map_err(err)?;
             let text = Text::new(p.name.clone(), (p.start_s + t_max * 0.004, y_max * 0.06), ("sans-serif", 12).into_font().color(&PHASE));
             chart.draw_series(std::iter::once(text)).map_err(err)?;
@@ -139,7 +143,13 @@ fn panel(r: &Report, series: &str, area: &DrawingArea<SVGBackend<'_>, Shift>, la
             chart.draw_series(std::iter::once(text)).map_err(err)?;
         }
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).background_style(WHITE.mix(0.85)).border_style(BLACK).draw().map_err(err)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
     Ok(())
 }
 
@@ -154,7 +164,8 @@ fn sweep_panel(phases: &[&PhaseSummary], area: &DrawingArea<SVGBackend<'_>, Shif
     let (x_lo, x_hi) = ((lo - pad).max(0.0), hi + pad);
     let r_min = pts.iter().map(|p| p.1).fold(1.0, f64::min);
     let y_lo = (r_min - 0.02).clamp(0.0, 0.98);
-    let (title, x_desc) = if qps { ("recall against QPS (one point per ef)", "answered queries/s") } else { ("recall against p99 latency", "p99 ms") };
+    let (title, x_desc) =
+        if qps { ("recall against QPS (one point per ef)", "answered queries/s") } else { ("recall against p99 latency", "p99 ms") };
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 16))
         .margin(14)
@@ -195,7 +206,17 @@ mod tests {
         assert_eq!(doc.root_element().tag_name().name(), "svg");
         let texts: Vec<String> = doc.descendants().filter(|n| n.has_tag_name("text")).filter_map(|n| n.text().map(str::to_owned)).collect();
         let has = |s: &str| texts.iter().any(|t| t.contains(s));
-        for want in ["query ok/s", "query p99 ms", "query errors/s", "1.0s kill shard-1", "recall against QPS", "recall against p99 latency", "ef=16", "ef=64", "seconds"] {
+        for want in [
+            "query ok/s",
+            "query p99 ms",
+            "query errors/s",
+            "1.0s kill shard-1",
+            "recall against QPS",
+            "recall against p99 latency",
+            "ef=16",
+            "ef=64",
+            "seconds",
+        ] {
             assert!(has(want), "no text {want:?} in {texts:?}");
         }
         // One red vertical line for the one fault, in the one panel.

@@ -190,7 +190,9 @@ impl Data {
             ensure!(g.len() >= qs.len(), "{}: {} rows for {} queries", p.display(), g.len(), qs.len());
             ensure!(g.dim() >= k, "{}: {} neighbours per query, fewer than k = {k}", p.display(), g.dim());
             if a.limit.is_some() {
-                eprintln!("warning: --groundtruth was computed over the whole base, not the first --limit vectors; --exact-groundtruth fits");
+                eprintln!(
+                    "warning: --groundtruth was computed over the whole base, not the first --limit vectors; --exact-groundtruth fits"
+                );
             }
             let rows = (0..qs.len()).map(|i| Ok(g.i32_row(i)?.iter().map(|&x| x as u64).collect())).collect::<Result<_>>()?;
             Some(rows)
@@ -270,7 +272,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let q = dir.path().join("q.npy");
         crate::load::npy::tests::write_npy(&q, &[vec![1.0, 2.0, 3.0, 4.0, 5.0]]);
-        let d = Data::load(&DataArgs { query: Some(q), exact_groundtruth: false, ..args() }, true, shoal_engine::Metric::Cosine, 1).unwrap();
+        let d =
+            Data::load(&DataArgs { query: Some(q), exact_groundtruth: false, ..args() }, true, shoal_engine::Metric::Cosine, 1).unwrap();
         assert_eq!((d.base.dim(), d.queries.len()), (5, 1));
     }
 

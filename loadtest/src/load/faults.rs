@@ -69,7 +69,11 @@ pub(crate) fn parse_fault(s: &str) -> Result<Fault, String> {
         return Err(format!("expected AT:ACTION:ARG (e.g. 30s:kill:shard-1, 20s:run:COMMAND), got {s:?}"));
     };
     let at_s = parse_duration(at)?.as_secs_f64();
-    let arg = parts.next().map(str::trim).filter(|a| !a.is_empty()).ok_or_else(|| format!("{s:?}: {action} needs a process or a command after a colon"))?;
+    let arg = parts
+        .next()
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| format!("{s:?}: {action} needs a process or a command after a colon"))?;
     let arg = arg.to_owned();
     let action = match action.trim() {
         "kill" => Action::Kill(arg),
@@ -87,8 +91,13 @@ pub(crate) fn check(faults: &[Fault], processes: Option<&[String]>) -> Result<()
     for f in faults {
         let Some((name, _)) = f.action.process() else { continue };
         match processes {
-            None => bail!("--fault {}: killing, stopping and restarting need a cluster of --processes; other targets take run:COMMAND", f.action.label()),
-            Some(ids) if !ids.iter().any(|i| i == name) => bail!("--fault {}: no process {name:?} (there are {})", f.action.label(), ids.join(", ")),
+            None => bail!(
+                "--fault {}: killing, stopping and restarting need a cluster of --processes; other targets take run:COMMAND",
+                f.action.label()
+            ),
+            Some(ids) if !ids.iter().any(|i| i == name) => {
+                bail!("--fault {}: no process {name:?} (there are {})", f.action.label(), ids.join(", "))
+            }
             Some(_) => {}
         }
     }
@@ -125,10 +134,25 @@ const RUN_LIMIT: Duration = Duration::from_secs(120);
 impl FaultRunner {
     /// Starts firing `faults` at their times after `start`; a `run:` command
     /// is killed if still running `RUN_GRACE` after `end`.
-    pub(crate) fn start(mut faults: Vec<Fault>, start: Instant, end: Option<Instant>, procs: Option<Arc<Mutex<ProcessCluster>>>) -> FaultRunner {
+    pub(crate) fn start(
+        mut faults: Vec<Fault>,
+        start: Instant,
+        end: Option<Instant>,
+        procs: Option<Arc<Mutex<ProcessCluster>>>,
+    ) -> FaultRunner {
         faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
         let events: Arc<Mutex<Vec<FaultEvent>>> = Arc::new(Mutex::new(
-            faults.iter().map(|f| FaultEvent { at_s: f.at_s, fired_s: None, done_s: None, label: f.action.label(), ok: false, outcome: "not fired: the run ended first".into() }).collect(),
+            faults
+                .iter()
+                .map(|f| FaultEvent {
+                    at_s: f.at_s,
+                    fired_s: None,
+                    done_s: None,
+                    label: f.action.label(),
+                    ok: false,
+                    outcome: "not fired: the run ended first".into(),
+                })
+                .collect(),
         ));
         let commands = Arc::new(Mutex::new(Vec::new()));
         let (ev, cmds) = (events.clone(), commands.clone());
@@ -192,7 +216,8 @@ fn run_command(cmd: &str, limit: std::time::Instant) -> (bool, String) {
     use std::os::unix::process::CommandExt;
     // Its own process group, so that a kill reaches what it started too
     // (and nothing holds its pipes open after).
-    let child = Command::new("sh").arg("-c").arg(cmd).process_group(0).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
+    let child =
+        Command::new("sh").arg("-c").arg(cmd).process_group(0).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
     let mut child = match child {
         Ok(c) => c,
         Err(e) => return (false, format!("failed to start: {e}")),
@@ -265,7 +290,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn commands_fire_on_time_and_report_what_happened() {
         let start = Instant::now();
-        let faults = vec![parse_fault("0.3s:run:echo fired; exit 3").unwrap(), parse_fault("0.1s:run:echo hello").unwrap(), parse_fault("5s:run:true").unwrap()];
+        let faults = vec![
+            parse_fault("0.3s:run:echo fired; exit 3").unwrap(),
+            parse_fault("0.1s:run:echo hello").unwrap(),
+            parse_fault("5s:run:true").unwrap(),
+        ];
         let r = FaultRunner::start(faults, start, Some(start + Duration::from_millis(500)), None);
         tokio::time::sleep(Duration::from_millis(800)).await;
         let ev = r.finish().await;

@@ -119,7 +119,12 @@ pub(crate) async fn run_report(a: Args) -> Result<Report> {
     let run = Run { command: "ingest", config, needs_queries: false, k: 0, planned: a.duration, preload: super::PreloadRule::None };
     super::execute(&a.common, faults, run, async |ctx: &super::Ctx| {
         let rec = ctx.recorder("ingest");
-        let plan = Plan::new(&a.ingest, 0..ctx.data.base.len() as u64, a.duration.map(|d| ctx.start + d), a.ingest.source_prefix.clone().unwrap_or_else(default_prefix));
+        let plan = Plan::new(
+            &a.ingest,
+            0..ctx.data.base.len() as u64,
+            a.duration.map(|d| ctx.start + d),
+            a.ingest.source_prefix.clone().unwrap_or_else(default_prefix),
+        );
         let t0 = ctx.secs(Instant::now());
         ctx.progress.set_phase("ingest");
         ingest(&ctx.clients, &ctx.collection, &ctx.data, &plan, ctx.start, rec.clone()).await;
@@ -136,13 +141,12 @@ struct Shared {
 
 /// Runs the plan to its end (data or time) and the drain.
 pub(crate) async fn ingest(clients: &Clients, collection: &str, data: &Arc<Data>, plan: &Plan, start: Instant, rec: Arc<Recorder>) {
-    let shared = Arc::new(Shared {
-        next_batch: AtomicU64::new(0),
-        sched: plan.rate.map(|r| Schedule { start, rate: r / plan.batch as f64 }),
-    });
+    let shared =
+        Arc::new(Shared { next_batch: AtomicU64::new(0), sched: plan.rate.map(|r| Schedule { start, rate: r / plan.batch as f64 }) });
     let tasks: Vec<_> = (0..plan.streams)
         .map(|s| {
-            let (clients, collection, data, plan, rec, shared) = (clients.clone(), collection.to_owned(), data.clone(), plan.clone(), rec.clone(), shared.clone());
+            let (clients, collection, data, plan, rec, shared) =
+                (clients.clone(), collection.to_owned(), data.clone(), plan.clone(), rec.clone(), shared.clone());
             tokio::spawn(async move { stream(s, clients, collection, data, plan, rec, shared).await })
         })
         .collect();
@@ -177,8 +181,17 @@ async fn stream(s: usize, clients: Clients, collection: String, data: Arc<Data>,
         // sent yet is counted dropped, one it sent fails with the stream.
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let sender = {
-            let (data, plan, rec, shared, pending, source, collection, offset, done) =
-                (data.clone(), plan.clone(), rec.clone(), shared.clone(), pending.clone(), source.clone(), collection.clone(), offset.clone(), done.clone());
+            let (data, plan, rec, shared, pending, source, collection, offset, done) = (
+                data.clone(),
+                plan.clone(),
+                rec.clone(),
+                shared.clone(),
+                pending.clone(),
+                source.clone(),
+                collection.clone(),
+                offset.clone(),
+                done.clone(),
+            );
             tokio::spawn(async move {
                 loop {
                     let slot = tokio::select! {
@@ -227,7 +240,8 @@ async fn stream(s: usize, clients: Clients, collection: String, data: Arc<Data>,
                         .map(|id| v1::Point { id, vector: data.base.row(id as usize).expect("row within the data"), payload: None })
                         .collect();
                     let off = offset.fetch_add(1, Ordering::Relaxed);
-                    let req = v1::IngestRequest { collection: collection.clone(), source: source.clone(), offset: off, points, deletes: vec![] };
+                    let req =
+                        v1::IngestRequest { collection: collection.clone(), source: source.clone(), offset: off, points, deletes: vec![] };
                     pending.lock().push_back(Pending { offset: off, intended, _slot: slot });
                     rec.sent(Instant::now().saturating_duration_since(intended));
                     tokio::select! {

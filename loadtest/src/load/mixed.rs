@@ -103,7 +103,10 @@ pub(crate) async fn run_report(a: Args) -> Result<Report> {
         let start = ctx.start;
         let end = start + a.duration;
         let loaded = ctx.preloaded;
-        ensure!(loaded > 0 || (a.upsert_rate.is_none() && a.delete_rate.is_none()), "upserts and deletes pick among preloaded points: --preload must be above 0");
+        ensure!(
+            loaded > 0 || (a.upsert_rate.is_none() && a.delete_rate.is_none()),
+            "upserts and deletes pick among preloaded points: --preload must be above 0"
+        );
         ctx.progress.set_phase("mixed");
         let mut phases = Vec::new();
 
@@ -167,8 +170,16 @@ pub(crate) async fn run_report(a: Args) -> Result<Report> {
         if let Some(r) = &query_rec {
             phases.push(PhaseSummary::new(phase_name(a.ef), "query", qplan.params(), 0.0, ctx.secs(tq), &r.take_phase()));
         }
-        for (rate, r, t) in [(&upsert_rec, tu), (&delete_rec, td)].into_iter().filter_map(|(x, t)| x.as_ref().map(|(rate, r)| (rate, r, t))) {
-            phases.push(PhaseSummary::new(r.series.into(), r.series, json!({"mode": "open", "rate": rate, "ids": [0, loaded]}), 0.0, ctx.secs(t), &r.take_phase()));
+        for (rate, r, t) in [(&upsert_rec, tu), (&delete_rec, td)].into_iter().filter_map(|(x, t)| x.as_ref().map(|(rate, r)| (rate, r, t)))
+        {
+            phases.push(PhaseSummary::new(
+                r.series.into(),
+                r.series,
+                json!({"mode": "open", "rate": rate, "ids": [0, loaded]}),
+                0.0,
+                ctx.secs(t),
+                &r.take_phase(),
+            ));
         }
         Ok(phases)
     })

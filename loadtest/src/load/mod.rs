@@ -87,7 +87,10 @@ pub(crate) enum PreloadRule {
     None,
     /// `explicit`, else this fraction of the base if the run created the
     /// collection, else none.
-    IfCreated { explicit: Option<usize>, fraction: f64 },
+    IfCreated {
+        explicit: Option<usize>,
+        fraction: f64,
+    },
 }
 
 /// What a command asks of [`execute`].
@@ -141,7 +144,12 @@ const PRELOAD_BATCH: usize = 1000;
 /// Runs a command: data, target, collection, preload, the workload with its
 /// faults, progress and samples, then the report (written and printed).
 /// A cluster started here is stopped whatever happens.
-pub(crate) async fn execute(common: &Common, faults: Vec<Fault>, run: Run, workload: impl AsyncFnOnce(&Ctx) -> Result<Vec<PhaseSummary>>) -> Result<Report> {
+pub(crate) async fn execute(
+    common: &Common,
+    faults: Vec<Fault>,
+    run: Run,
+    workload: impl AsyncFnOnce(&Ctx) -> Result<Vec<PhaseSummary>>,
+) -> Result<Report> {
     if common.target.processes.is_none() {
         faults::check(&faults, None)?;
     }
@@ -156,7 +164,14 @@ pub(crate) async fn execute(common: &Common, faults: Vec<Fault>, run: Run, workl
     Ok(report)
 }
 
-async fn measure(common: &Common, faults: Vec<Fault>, run: Run, target: &Target, data: Arc<Data>, workload: impl AsyncFnOnce(&Ctx) -> Result<Vec<PhaseSummary>>) -> Result<Report> {
+async fn measure(
+    common: &Common,
+    faults: Vec<Fault>,
+    run: Run,
+    target: &Target,
+    data: Arc<Data>,
+    workload: impl AsyncFnOnce(&Ctx) -> Result<Vec<PhaseSummary>>,
+) -> Result<Report> {
     let procs = target.processes();
     if let Some(p) = &procs {
         faults::check(&faults, Some(&target::process_ids(&p.lock())))?;
@@ -166,7 +181,9 @@ async fn measure(common: &Common, faults: Vec<Fault>, run: Run, target: &Target,
     let n = data.base.len();
     let preload_rows = match run.preload {
         PreloadRule::None => 0,
-        PreloadRule::IfCreated { explicit, fraction } => explicit.unwrap_or(if created { (n as f64 * fraction) as usize } else { 0 }).min(n),
+        PreloadRule::IfCreated { explicit, fraction } => {
+            explicit.unwrap_or(if created { (n as f64 * fraction) as usize } else { 0 }).min(n)
+        }
     };
     let preload = if preload_rows > 0 {
         eprintln!("preloading {preload_rows} vectors ...");
@@ -223,7 +240,16 @@ async fn measure(common: &Common, faults: Vec<Fault>, run: Run, target: &Target,
             }
         })
     });
-    let ctx = Ctx { clients: target.clients.clone(), collection: collection.clone(), data, start, preloaded: preload_rows as u64, seed: common.data.seed, progress, recorders };
+    let ctx = Ctx {
+        clients: target.clients.clone(),
+        collection: collection.clone(),
+        data,
+        start,
+        preloaded: preload_rows as u64,
+        seed: common.data.seed,
+        progress,
+        recorders,
+    };
     let phases = workload(&ctx).await;
     let duration_s = ctx.secs(Instant::now());
     if let Some(s) = sampler {

@@ -24,7 +24,11 @@ impl Progress {
         let bar = match planned {
             Some(d) => {
                 let b = ProgressBar::with_draw_target(Some(d.as_secs().max(1)), target);
-                b.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:24}] {pos}/{len}s {msg}").expect("constant template").progress_chars("=> "));
+                b.set_style(
+                    ProgressStyle::with_template("{elapsed_precise} [{bar:24}] {pos}/{len}s {msg}")
+                        .expect("constant template")
+                        .progress_chars("=> "),
+                );
                 b
             }
             None => {

@@ -102,7 +102,14 @@ pub(crate) struct PhaseSummary {
 }
 
 impl PhaseSummary {
-    pub(crate) fn new(name: String, series: &'static str, params: serde_json::Value, start_s: f64, end_s: f64, p: &PhaseStats) -> PhaseSummary {
+    pub(crate) fn new(
+        name: String,
+        series: &'static str,
+        params: serde_json::Value,
+        start_s: f64,
+        end_s: f64,
+        p: &PhaseStats,
+    ) -> PhaseSummary {
         let secs = (end_s - start_s).max(1e-9);
         PhaseSummary {
             name,
@@ -137,7 +144,10 @@ pub(crate) fn round3(x: f64) -> f64 {
 }
 
 /// Rows by second from each series' seconds and the process samples.
-pub(crate) fn merge_timeline(series: Vec<(&'static str, Vec<Second>)>, processes: BTreeMap<u64, BTreeMap<String, ProcSample>>) -> Vec<TimelineRow> {
+pub(crate) fn merge_timeline(
+    series: Vec<(&'static str, Vec<Second>)>,
+    processes: BTreeMap<u64, BTreeMap<String, ProcSample>>,
+) -> Vec<TimelineRow> {
     let len = series.iter().map(|(_, s)| s.len() as u64).chain(processes.keys().map(|t| t + 1)).max().unwrap_or(0);
     (0..len)
         .map(|t| TimelineRow {
@@ -177,8 +187,15 @@ pub(crate) fn text(r: &Report) -> String {
             s += &format!(" partial {}", c.partial);
         }
         s += "\n";
-        let rate = if p.series == "ingest" { format!("{:.0} vectors/s ({} acked)", p.items_per_s, c.items) } else { format!("{:.1} ok/s", p.ok_per_s) };
-        s += &format!("  {rate}; latency ms p50 {:.2} p90 {:.2} p99 {:.2} p99.9 {:.2} max {:.2}", l.p50_ms, l.p90_ms, l.p99_ms, l.p999_ms, l.max_ms);
+        let rate = if p.series == "ingest" {
+            format!("{:.0} vectors/s ({} acked)", p.items_per_s, c.items)
+        } else {
+            format!("{:.1} ok/s", p.ok_per_s)
+        };
+        s += &format!(
+            "  {rate}; latency ms p50 {:.2} p90 {:.2} p99 {:.2} p99.9 {:.2} max {:.2}",
+            l.p50_ms, l.p90_ms, l.p99_ms, l.p999_ms, l.max_ms
+        );
         if let Some(rc) = &p.recall {
             s += &format!("; recall {:.4} over {}", rc.mean, rc.queries);
         }
@@ -210,11 +227,22 @@ pub(crate) mod tests {
                 let t = start + Duration::from_millis(i as u64 * 2000 + j * 30);
                 rec.scheduled();
                 rec.sent(Duration::ZERO);
-                let outcome = if j == 7 { Outcome::Err("UNAVAILABLE".into()) } else { Outcome::Ok { items: 1, partial: false, skipped: false, recall: Some(0.8 + 0.1 * i as f64) } };
+                let outcome = if j == 7 {
+                    Outcome::Err("UNAVAILABLE".into())
+                } else {
+                    Outcome::Ok { items: 1, partial: false, skipped: false, recall: Some(0.8 + 0.1 * i as f64) }
+                };
                 rec.finish(t, t + Duration::from_millis(2 + j % 5 + 10 * i as u64), outcome);
             }
             let p = rec.take_phase();
-            phases.push(PhaseSummary::new(format!("ef={ef}"), "query", serde_json::json!({"ef": ef, "k": 10}), i as f64 * 2.0, i as f64 * 2.0 + 1.5, &p));
+            phases.push(PhaseSummary::new(
+                format!("ef={ef}"),
+                "query",
+                serde_json::json!({"ef": ef, "k": 10}),
+                i as f64 * 2.0,
+                i as f64 * 2.0 + 1.5,
+                &p,
+            ));
         }
         let mut procs = BTreeMap::new();
         procs.insert(1, BTreeMap::from([("shard-0".to_owned(), ProcSample { cpu_pct: 50.0, rss_mib: 100.0 })]));
@@ -222,13 +250,25 @@ pub(crate) mod tests {
             schema: SCHEMA,
             command: "query",
             config: serde_json::json!({"k": 10}),
-            target: TargetInfo { kind: "processes", coordinators: vec!["http://127.0.0.1:1".into()], collection: "c".into(), created: true },
+            target: TargetInfo {
+                kind: "processes",
+                coordinators: vec!["http://127.0.0.1:1".into()],
+                collection: "c".into(),
+                created: true,
+            },
             started_unix_s: 1,
             duration_s: 3.5,
             preload: Some(Preload { vectors_acked: 100, batches_failed: 0, seconds: 0.5 }),
             phases,
             timeline: merge_timeline(vec![("query", rec.timeline(4))], procs),
-            faults: vec![FaultEvent { at_s: 1.0, fired_s: Some(1.002), done_s: Some(1.01), label: "kill shard-1".into(), ok: true, outcome: "SIGKILL".into() }],
+            faults: vec![FaultEvent {
+                at_s: 1.0,
+                fired_s: Some(1.002),
+                done_s: Some(1.01),
+                label: "kill shard-1".into(),
+                ok: true,
+                outcome: "SIGKILL".into(),
+            }],
             errors: BTreeMap::from([("query".to_owned(), BTreeMap::from([("UNAVAILABLE".to_owned(), 2)]))]),
             collection: CollectionAfter { points: Some(100), error: None },
         }
@@ -243,12 +283,45 @@ pub(crate) mod tests {
         let v = serde_json::to_value(sample()).unwrap();
         let mut top = keys(&v);
         top.sort_unstable();
-        assert_eq!(top, ["collection", "command", "config", "duration_s", "errors", "faults", "phases", "preload", "schema", "started_unix_s", "target", "timeline"]);
+        assert_eq!(
+            top,
+            [
+                "collection",
+                "command",
+                "config",
+                "duration_s",
+                "errors",
+                "faults",
+                "phases",
+                "preload",
+                "schema",
+                "started_unix_s",
+                "target",
+                "timeline"
+            ]
+        );
         assert_eq!(v["schema"], SCHEMA);
         let p = &v["phases"][1];
         let mut pk = keys(p);
         pk.sort_unstable();
-        assert_eq!(pk, ["counts", "end_s", "error_latency_ms", "errors", "items_per_s", "latency_ms", "name", "ok_per_s", "params", "recall", "send_lag_ms", "series", "start_s"]);
+        assert_eq!(
+            pk,
+            [
+                "counts",
+                "end_s",
+                "error_latency_ms",
+                "errors",
+                "items_per_s",
+                "latency_ms",
+                "name",
+                "ok_per_s",
+                "params",
+                "recall",
+                "send_lag_ms",
+                "series",
+                "start_s"
+            ]
+        );
         let mut ck = keys(&p["counts"]);
         ck.sort_unstable();
         assert_eq!(ck, ["dropped", "errors", "items", "late", "ok", "partial", "scheduled", "sent", "skipped"]);

@@ -242,7 +242,6 @@ impl Timeline {
         }
         self.closed.clone()
     }
-
 }
 
 struct Inner {
@@ -278,7 +277,15 @@ impl Recorder {
         Arc::new(Recorder {
             series,
             start,
-            inner: Mutex::new(Inner { phase: PhaseStats::new(), timeline: Timeline::new(), live: histogram(), live_second: 0, live_ok: 0, live_items: 0, live_prev: None }),
+            inner: Mutex::new(Inner {
+                phase: PhaseStats::new(),
+                timeline: Timeline::new(),
+                live: histogram(),
+                live_second: 0,
+                live_ok: 0,
+                live_items: 0,
+                live_prev: None,
+            }),
         })
     }
 

@@ -128,7 +128,11 @@ impl Target {
         let dir = || -> Result<(PathBuf, Option<tempfile::TempDir>)> {
             match &a.dir {
                 Some(d) => {
-                    ensure!(!d.read_dir().is_ok_and(|mut e| e.next().is_some()), "{} holds an earlier run; remove it or choose another --dir", d.display());
+                    ensure!(
+                        !d.read_dir().is_ok_and(|mut e| e.next().is_some()),
+                        "{} holds an earlier run; remove it or choose another --dir",
+                        d.display()
+                    );
                     Ok((d.clone(), None))
                 }
                 None => {
@@ -148,7 +152,11 @@ impl Target {
         } else if let Some(bin) = &a.processes {
             ensure!(a.shard_nodes > 0, "--shard-nodes must be at least 1");
             for b in ["shoal-shard-node", "shoal-coordinator"] {
-                ensure!(bin.join(b).is_file(), "{} has no {b} (build with cargo build --release -p shoal-shard-node -p shoal-coordinator)", bin.display());
+                ensure!(
+                    bin.join(b).is_file(),
+                    "{} has no {b} (build with cargo build --release -p shoal-shard-node -p shoal-coordinator)",
+                    bin.display()
+                );
             }
             let (path, tmp) = dir()?;
             let mut spec = ClusterSpec::new(Launcher::Binaries(bin.clone()), path, a.shard_nodes);
@@ -188,9 +196,15 @@ impl Target {
                 _ => v1::Metric::Cosine,
             };
             let index = (a.m > 0 || a.ef_construction > 0).then_some(v1::IndexParams { m: a.m, ef_construction: a.ef_construction });
-            c.create_collection(v1::CreateCollectionRequest { name: a.collection.clone(), dimension: dim as u32, metric: metric as i32, shard_count: a.shards, index })
-                .await
-                .map_err(|s| anyhow!("creating collection {:?}: {}: {}", a.collection, code_name(s.code()), s.message()))?;
+            c.create_collection(v1::CreateCollectionRequest {
+                name: a.collection.clone(),
+                dimension: dim as u32,
+                metric: metric as i32,
+                shard_count: a.shards,
+                index,
+            })
+            .await
+            .map_err(|s| anyhow!("creating collection {:?}: {}: {}", a.collection, code_name(s.code()), s.message()))?;
             return Ok(true);
         }
         let info = c
@@ -310,7 +324,10 @@ pub(crate) struct ProcSample {
 
 /// Samples every process's CPU time and RSS; `last` holds the CPU times of
 /// the previous sample. Skips a process that is gone or being restarted.
-pub(crate) fn sample(cluster: &Mutex<ProcessCluster>, last: &mut BTreeMap<String, (i32, Duration, std::time::Instant)>) -> BTreeMap<String, ProcSample> {
+pub(crate) fn sample(
+    cluster: &Mutex<ProcessCluster>,
+    last: &mut BTreeMap<String, (i32, Duration, std::time::Instant)>,
+) -> BTreeMap<String, ProcSample> {
     let mut out = BTreeMap::new();
     let Some(c) = cluster.try_lock() else { return out };
     for p in c.nodes.iter().chain(std::iter::once(&c.coordinator)) {
@@ -320,7 +337,10 @@ pub(crate) fn sample(cluster: &Mutex<ProcessCluster>, last: &mut BTreeMap<String
             && pid == p.pid()
         {
             let pct = cpu.saturating_sub(cpu0).as_secs_f64() / now.duration_since(t0).as_secs_f64().max(1e-3) * 100.0;
-            out.insert(p.id.clone(), ProcSample { cpu_pct: (pct * 10.0).round() / 10.0, rss_mib: (rss as f64 / 1_048_576.0 * 10.0).round() / 10.0 });
+            out.insert(
+                p.id.clone(),
+                ProcSample { cpu_pct: (pct * 10.0).round() / 10.0, rss_mib: (rss as f64 / 1_048_576.0 * 10.0).round() / 10.0 },
+            );
         }
         last.insert(p.id.clone(), (p.pid(), cpu, now));
     }

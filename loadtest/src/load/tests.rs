@@ -69,8 +69,28 @@ async fn ingest_streams_ack_every_point_into_the_collection() {
     let out = tempfile::tempdir().unwrap();
     let (json, svg) = (path(out.path(), "r.json"), path(out.path(), "r.svg"));
     let r = run(&[
-        "ingest", "--coordinator", &url, "--create", "--collection", "ing", "--shards", "3", "--points", "2000", "--dim", "16",
-        "--streams", "3", "--batch", "100", "--source-prefix", "job", "--json", &json, "--svg", &svg,
+        "ingest",
+        "--coordinator",
+        &url,
+        "--create",
+        "--collection",
+        "ing",
+        "--shards",
+        "3",
+        "--points",
+        "2000",
+        "--dim",
+        "16",
+        "--streams",
+        "3",
+        "--batch",
+        "100",
+        "--source-prefix",
+        "job",
+        "--json",
+        &json,
+        "--svg",
+        &svg,
     ])
     .await
     .unwrap();
@@ -96,8 +116,29 @@ async fn ingest_streams_ack_every_point_into_the_collection() {
     // At a rate: 1500 vectors/s for 1 s sends at most the batches due by then.
     let r = run(&[
         // The same coordinator twice, two connections each: four clients in turn.
-        "ingest", "--coordinator", &url, "--coordinator", &url, "--connections", "2", "--create", "--collection", "slow", "--points", "5000", "--dim", "16", "--streams", "2",
-        "--batch", "100", "--rate", "1500", "--duration", "1s", "--no-progress",
+        "ingest",
+        "--coordinator",
+        &url,
+        "--coordinator",
+        &url,
+        "--connections",
+        "2",
+        "--create",
+        "--collection",
+        "slow",
+        "--points",
+        "5000",
+        "--dim",
+        "16",
+        "--streams",
+        "2",
+        "--batch",
+        "100",
+        "--rate",
+        "1500",
+        "--duration",
+        "1s",
+        "--no-progress",
     ])
     .await
     .unwrap();
@@ -113,8 +154,30 @@ async fn query_open_loop_sweep_measures_recall_on_an_embedded_cluster() {
     let out = tempfile::tempdir().unwrap();
     let (json, svg) = (path(out.path(), "r.json"), path(out.path(), "r.svg"));
     let r = run(&[
-        "query", "--embedded", "2", "--shards", "2", "--points", "2000", "--dim", "16", "--queries", "50", "--exact-groundtruth",
-        "--rate", "100", "--duration", "1s", "--ef", "16,64", "--k", "10", "--json", &json, "--svg", &svg,
+        "query",
+        "--embedded",
+        "2",
+        "--shards",
+        "2",
+        "--points",
+        "2000",
+        "--dim",
+        "16",
+        "--queries",
+        "50",
+        "--exact-groundtruth",
+        "--rate",
+        "100",
+        "--duration",
+        "1s",
+        "--ef",
+        "16,64",
+        "--k",
+        "10",
+        "--json",
+        &json,
+        "--svg",
+        &svg,
     ])
     .await
     .unwrap();
@@ -140,7 +203,20 @@ async fn query_open_loop_sweep_measures_recall_on_an_embedded_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn query_closed_loop_sends_exactly_its_count() {
     let r = run(&[
-        "query", "--embedded", "1", "--points", "500", "--dim", "8", "--queries", "20", "--clients", "3", "--count", "60", "--no-progress",
+        "query",
+        "--embedded",
+        "1",
+        "--points",
+        "500",
+        "--dim",
+        "8",
+        "--queries",
+        "20",
+        "--clients",
+        "3",
+        "--count",
+        "60",
+        "--no-progress",
     ])
     .await
     .unwrap();
@@ -156,9 +232,35 @@ async fn mixed_runs_every_kind_at_once_and_marks_its_fault() {
     let out = tempfile::tempdir().unwrap();
     let (json, svg) = (path(out.path(), "r.json"), path(out.path(), "r.svg"));
     let r = run(&[
-        "mixed", "--embedded", "2", "--points", "3000", "--dim", "16", "--queries", "30", "--duration", "2s", "--streams", "2",
-        "--batch", "100", "--ingest-rate", "500", "--query-rate", "50", "--upsert-rate", "20", "--delete-rate", "20",
-        "--fault", "0.5s:run:echo fault-marker", "--json", &json, "--svg", &svg,
+        "mixed",
+        "--embedded",
+        "2",
+        "--points",
+        "3000",
+        "--dim",
+        "16",
+        "--queries",
+        "30",
+        "--duration",
+        "2s",
+        "--streams",
+        "2",
+        "--batch",
+        "100",
+        "--ingest-rate",
+        "500",
+        "--query-rate",
+        "50",
+        "--upsert-rate",
+        "20",
+        "--delete-rate",
+        "20",
+        "--fault",
+        "0.5s:run:echo fault-marker",
+        "--json",
+        &json,
+        "--svg",
+        &svg,
     ])
     .await
     .unwrap();
@@ -200,8 +302,27 @@ async fn ingest_goes_on_after_a_shard_node_comes_back() {
     let url = cluster.endpoint();
     let load = tokio::spawn(async move {
         run(&[
-            "ingest", "--coordinator", &url, "--create", "--collection", "bumpy", "--shards", "2", "--points", "20000", "--dim", "8",
-            "--streams", "2", "--batch", "100", "--rate", "2000", "--duration", "3s", "--no-progress",
+            "ingest",
+            "--coordinator",
+            &url,
+            "--create",
+            "--collection",
+            "bumpy",
+            "--shards",
+            "2",
+            "--points",
+            "20000",
+            "--dim",
+            "8",
+            "--streams",
+            "2",
+            "--batch",
+            "100",
+            "--rate",
+            "2000",
+            "--duration",
+            "3s",
+            "--no-progress",
         ])
         .await
     });

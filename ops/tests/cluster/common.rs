@@ -68,7 +68,10 @@ pub(crate) async fn create(client: &mut ShoalClient<Channel>, name: &str, dim: u
 }
 
 /// Streams `batches` (each tagged source/offset) and returns the acks.
-pub(crate) async fn ingest(client: &mut ShoalClient<Channel>, batches: Vec<v1::IngestRequest>) -> Result<Vec<v1::IngestAck>, tonic::Status> {
+pub(crate) async fn ingest(
+    client: &mut ShoalClient<Channel>,
+    batches: Vec<v1::IngestRequest>,
+) -> Result<Vec<v1::IngestAck>, tonic::Status> {
     let mut acks = client.ingest(tokio_stream::iter(batches)).await?.into_inner();
     let mut out = Vec::new();
     while let Some(a) = acks.message().await? {

@@ -2,10 +2,10 @@
 //! `grpcurl list` uses) and the standard health service answers.
 
 use tokio_stream::StreamExt;
+use tonic_reflection::pb::v1::ServerReflectionRequest;
 use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-use tonic_reflection::pb::v1::ServerReflectionRequest;
 
 use crate::common::*;
 
@@ -23,11 +23,7 @@ async fn reflection_and_health_are_served() {
     assert!(names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
 
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let status = health
-        .check(tonic_health::pb::HealthCheckRequest { service: "shoal.v1.Shoal".into() })
-        .await
-        .unwrap()
-        .into_inner();
+    let status = health.check(tonic_health::pb::HealthCheckRequest { service: "shoal.v1.Shoal".into() }).await.unwrap().into_inner();
     assert_eq!(status.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
 
     // The descriptor set shoalctl exports describes the same services.

@@ -17,12 +17,8 @@ async fn a_node_restart_keeps_every_acknowledged_point() {
         tc.cluster.restart_node(node).await.unwrap();
     }
     assert_eq!(points_in(&mut tc.client, "docs").await, 600);
-    let got = tc
-        .client
-        .get(v1::GetRequest { collection: "docs".into(), ids: (0..600).collect(), with_vector: true })
-        .await
-        .unwrap()
-        .into_inner();
+    let got =
+        tc.client.get(v1::GetRequest { collection: "docs".into(), ids: (0..600).collect(), with_vector: true }).await.unwrap().into_inner();
     assert!(got.missing.is_empty(), "lost {:?}", got.missing);
     for (p, want) in got.points.iter().zip(&all) {
         assert_eq!((p.id, &p.vector), (want.id, &want.vector));
@@ -69,7 +65,8 @@ async fn a_replayed_batch_is_not_applied_twice() {
     assert_eq!(got.points.len(), 1, "id 1 must survive, id 55 must not exist");
     assert_eq!(got.points[0].vector, first[1].vector);
     assert_eq!(got.missing, vec![55]);
-    let offsets = tc.client.get_offsets(v1::GetOffsetsRequest { collection: "docs".into(), sources: vec!["job".into()] }).await.unwrap().into_inner();
+    let offsets =
+        tc.client.get_offsets(v1::GetOffsetsRequest { collection: "docs".into(), sources: vec!["job".into()] }).await.unwrap().into_inner();
     assert_eq!(offsets.offsets[0].offset, 8);
     tc.cluster.shutdown().await.unwrap();
 }

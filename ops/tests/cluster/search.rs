@@ -30,7 +30,14 @@ async fn ingest_then_search_matches_one_engine() {
         let want = single.search(&q, SearchParams::new(10, 1000)).unwrap();
         let got = tc
             .client
-            .search(v1::SearchRequest { collection: "docs".into(), vector: q.clone(), k: 10, ef: 1000, with_payload: true, ..Default::default() })
+            .search(v1::SearchRequest {
+                collection: "docs".into(),
+                vector: q.clone(),
+                k: 10,
+                ef: 1000,
+                with_payload: true,
+                ..Default::default()
+            })
             .await
             .unwrap()
             .into_inner();
@@ -42,10 +49,7 @@ async fn ingest_then_search_matches_one_engine() {
             assert!((g.1 - w.1).abs() < 1e-4, "got {got_ids:?}\nwant {want_ids:?}");
         }
         for h in &got.hits {
-            assert_eq!(
-                h.payload.as_ref().and_then(|p| p.kind.clone()),
-                Some(v1::payload::Kind::Json(format!("{{\"id\":{}}}", h.id)))
-            );
+            assert_eq!(h.payload.as_ref().and_then(|p| p.kind.clone()), Some(v1::payload::Kind::Json(format!("{{\"id\":{}}}", h.id))));
         }
     }
 
@@ -100,7 +104,12 @@ async fn a_missing_shard_is_an_error_unless_partial_results_are_allowed() {
     }
 
     tc.cluster.restart_node(1).await.unwrap();
-    let full = tc.client.search(v1::SearchRequest { collection: "docs".into(), vector: q, k: 10, ..Default::default() }).await.unwrap().into_inner();
+    let full = tc
+        .client
+        .search(v1::SearchRequest { collection: "docs".into(), vector: q, k: 10, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!((full.shards_answered, full.partial), (3, false));
     tc.cluster.shutdown().await.unwrap();
 }

@@ -24,7 +24,10 @@ fn stores(test: &str, dir: &std::path::Path) -> Vec<String> {
     out
 }
 
-async fn search_all(client: &mut shoal_proto::v1::shoal_client::ShoalClient<tonic::transport::Channel>, queries: &[Vec<f32>]) -> Vec<Vec<(u64, f32)>> {
+async fn search_all(
+    client: &mut shoal_proto::v1::shoal_client::ShoalClient<tonic::transport::Channel>,
+    queries: &[Vec<f32>],
+) -> Vec<Vec<(u64, f32)>> {
     let mut out = Vec::new();
     for q in queries {
         let r = client
@@ -48,10 +51,16 @@ async fn a_collection_restores_onto_a_fresh_cluster_with_identical_results() {
         let all = points(&mut rng, 16, 0..1500);
         let batches: Vec<_> = all.chunks(250).enumerate().map(|(i, c)| batch("docs", "job", i as u64, c.to_vec())).collect();
         ingest(&mut a.client, batches).await.unwrap();
-        let made = a.client.create_snapshot(v1::CreateSnapshotRequest { collection: "docs".into(), ..Default::default() }).await.unwrap().into_inner();
+        let made = a
+            .client
+            .create_snapshot(v1::CreateSnapshotRequest { collection: "docs".into(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(made.shards.len(), 3);
         assert_eq!(made.shards.iter().map(|s| s.points).sum::<u64>(), 1500);
-        let listed = a.client.list_snapshots(v1::ListSnapshotsRequest { collection: "docs".into(), shard: None }).await.unwrap().into_inner();
+        let listed =
+            a.client.list_snapshots(v1::ListSnapshotsRequest { collection: "docs".into(), shard: None }).await.unwrap().into_inner();
         assert_eq!(listed.snapshots.len(), 3, "{url}");
         assert!(listed.snapshots.iter().all(|s| s.id == made.snapshot_id && s.error.is_empty()));
 
@@ -59,7 +68,12 @@ async fn a_collection_restores_onto_a_fresh_cluster_with_identical_results() {
         let mut b = cluster_with_store(2, Some(&url)).await;
         let restored = b
             .client
-            .restore_snapshot(v1::RestoreSnapshotRequest { collection: "docs".into(), snapshot_id: made.snapshot_id.clone(), shard: None, replace: false })
+            .restore_snapshot(v1::RestoreSnapshotRequest {
+                collection: "docs".into(),
+                snapshot_id: made.snapshot_id.clone(),
+                shard: None,
+                replace: false,
+            })
             .await
             .unwrap()
             .into_inner();
@@ -75,18 +89,31 @@ async fn a_collection_restores_onto_a_fresh_cluster_with_identical_results() {
         assert_eq!(from_a.points, from_b.points);
         let offsets = |c: &mut shoal_proto::v1::shoal_client::ShoalClient<_>| {
             let mut c = c.clone();
-            async move { c.get_offsets(v1::GetOffsetsRequest { collection: "docs".into(), sources: vec![] }).await.unwrap().into_inner().offsets }
+            async move {
+                c.get_offsets(v1::GetOffsetsRequest { collection: "docs".into(), sources: vec![] }).await.unwrap().into_inner().offsets
+            }
         };
         assert_eq!(offsets(&mut b.client).await, vec![v1::SourceOffset { source: "job".into(), offset: 5 }]);
 
         // The job resumes on the restored cluster: a replay is skipped, the
         // next batch applies.
-        let acks = ingest(&mut b.client, vec![batch("docs", "job", 5, all[..10].to_vec()), batch("docs", "job", 6, points(&mut rng, 16, 5000..5010))])
-            .await
-            .unwrap();
+        let acks = ingest(
+            &mut b.client,
+            vec![batch("docs", "job", 5, all[..10].to_vec()), batch("docs", "job", 6, points(&mut rng, 16, 5000..5010))],
+        )
+        .await
+        .unwrap();
         assert_eq!(acks.iter().map(|a| a.status).collect::<Vec<_>>(), [v1::BatchStatus::Skipped as i32, v1::BatchStatus::Applied as i32]);
         assert_eq!(points_in(&mut b.client, "docs").await, 1510);
-        assert!(b.client.get_snapshot_progress(v1::GetSnapshotProgressRequest { collection: "docs".into() }).await.unwrap().into_inner().running.is_empty());
+        assert!(
+            b.client
+                .get_snapshot_progress(v1::GetSnapshotProgressRequest { collection: "docs".into() })
+                .await
+                .unwrap()
+                .into_inner()
+                .running
+                .is_empty()
+        );
         a.cluster.shutdown().await.unwrap();
         b.cluster.shutdown().await.unwrap();
     }
@@ -100,8 +127,14 @@ async fn snapshot_errors_have_their_codes_and_leave_the_collection_serving() {
     let mut tc = cluster_with_store(2, Some(store.to_str().unwrap())).await;
     create(&mut tc.client, "docs", 8, v1::Metric::Euclidean, 2).await;
     ingest(&mut tc.client, vec![batch("docs", "job", 0, points(&mut rng, 8, 0..600))]).await.unwrap();
-    let snap = tc.client.create_snapshot(v1::CreateSnapshotRequest { collection: "docs".into(), ..Default::default() }).await.unwrap().into_inner();
-    let restore = |id: &str, replace: bool| v1::RestoreSnapshotRequest { collection: "docs".into(), snapshot_id: id.into(), shard: None, replace };
+    let snap = tc
+        .client
+        .create_snapshot(v1::CreateSnapshotRequest { collection: "docs".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let restore =
+        |id: &str, replace: bool| v1::RestoreSnapshotRequest { collection: "docs".into(), snapshot_id: id.into(), shard: None, replace };
 
     let e = tc.client.restore_snapshot(restore(&snap.snapshot_id, false)).await.unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
@@ -111,9 +144,17 @@ async fn snapshot_errors_have_their_codes_and_leave_the_collection_serving() {
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     let e = tc.client.create_snapshot(v1::CreateSnapshotRequest { collection: "nope".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
-    let e = tc.client.create_snapshot(v1::CreateSnapshotRequest { collection: "docs".into(), snapshot_id: snap.snapshot_id.clone(), zstd_level: 0 }).await.unwrap_err();
+    let e = tc
+        .client
+        .create_snapshot(v1::CreateSnapshotRequest { collection: "docs".into(), snapshot_id: snap.snapshot_id.clone(), zstd_level: 0 })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
-    let e = tc.client.create_snapshot(v1::CreateSnapshotRequest { collection: "docs".into(), snapshot_id: String::new(), zstd_level: 99 }).await.unwrap_err();
+    let e = tc
+        .client
+        .create_snapshot(v1::CreateSnapshotRequest { collection: "docs".into(), snapshot_id: String::new(), zstd_level: 99 })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
 
     // Corrupt every chunk of the snapshot on disk: the restore (with
@@ -136,7 +177,12 @@ async fn snapshot_errors_have_their_codes_and_leave_the_collection_serving() {
     // Prune through the API: keep 1 of 2.
     ingest(&mut tc.client, vec![batch("docs", "job", 1, points(&mut rng, 8, 1000..1010))]).await.unwrap();
     tc.client.create_snapshot(v1::CreateSnapshotRequest { collection: "docs".into(), ..Default::default() }).await.unwrap();
-    let pruned = tc.client.prune_snapshots(v1::PruneSnapshotsRequest { collection: "docs".into(), shard: None, keep_last: 1 }).await.unwrap().into_inner();
+    let pruned = tc
+        .client
+        .prune_snapshots(v1::PruneSnapshotsRequest { collection: "docs".into(), shard: None, keep_last: 1 })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(pruned.deleted.len(), 2, "{pruned:?}");
     assert_eq!(pruned.kept_snapshots, 2);
     let left = tc.client.list_snapshots(v1::ListSnapshotsRequest { collection: "docs".into(), shard: None }).await.unwrap().into_inner();
@@ -155,6 +201,10 @@ async fn snapshot_errors_have_their_codes_and_leave_the_collection_serving() {
 }
 
 async fn search_one(client: &mut shoal_proto::v1::shoal_client::ShoalClient<tonic::transport::Channel>, q: &[f32]) -> Vec<(u64, f32)> {
-    let r = client.search(v1::SearchRequest { collection: "docs".into(), vector: q.to_vec(), k: 5, ef: 64, ..Default::default() }).await.unwrap().into_inner();
+    let r = client
+        .search(v1::SearchRequest { collection: "docs".into(), vector: q.to_vec(), k: 5, ef: 64, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     r.hits.iter().map(|h| (h.id, h.distance)).collect()
 }

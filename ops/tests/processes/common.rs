@@ -57,8 +57,19 @@ pub(crate) fn points(rng: &mut StdRng, dim: usize, ids: std::ops::Range<u64>) ->
     ids.map(|id| v1::Point { id, vector: vector(rng, dim), payload: None }).collect()
 }
 
-pub(crate) async fn create(client: &mut ShoalClient<Channel>, name: &str, dim: u32, shards: u32) -> Result<v1::CollectionInfo, tonic::Status> {
-    let req = v1::CreateCollectionRequest { name: name.into(), dimension: dim, metric: v1::Metric::Cosine as i32, shard_count: shards, index: None };
+pub(crate) async fn create(
+    client: &mut ShoalClient<Channel>,
+    name: &str,
+    dim: u32,
+    shards: u32,
+) -> Result<v1::CollectionInfo, tonic::Status> {
+    let req = v1::CreateCollectionRequest {
+        name: name.into(),
+        dimension: dim,
+        metric: v1::Metric::Cosine as i32,
+        shard_count: shards,
+        index: None,
+    };
     Ok(client.create_collection(req).await?.into_inner())
 }
 

@@ -52,7 +52,8 @@ fn free_bytes(path: &Path) -> anyhow::Result<u64> {
 }
 
 fn entries(dir: &Path) -> anyhow::Result<Vec<String>> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)?.map(|e| Ok(e?.file_name().to_string_lossy().into_owned())).collect::<anyhow::Result<_>>()?;
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir)?.map(|e| Ok(e?.file_name().to_string_lossy().into_owned())).collect::<anyhow::Result<_>>()?;
     v.sort();
     Ok(v)
 }

@@ -75,7 +75,12 @@ pub(crate) fn a_stopped_node_does_not_hang_the_cluster() -> anyhow::Result<()> {
         let q = v1::SearchRequest { collection: "docs".into(), vector: vec![1.0; 16], k: 5, ..Default::default() };
         let started = Instant::now();
         let err = client.search(q.clone()).await.expect_err("a shard is down");
-        check!(fx, err.code() == Code::Unavailable && started.elapsed() < Duration::from_millis(500), "{err:?} after {:?}", started.elapsed());
+        check!(
+            fx,
+            err.code() == Code::Unavailable && started.elapsed() < Duration::from_millis(500),
+            "{err:?} after {:?}",
+            started.elapsed()
+        );
         let partial = client.search(v1::SearchRequest { allow_partial: true, ..q }).await?.into_inner();
         check!(fx, partial.shards_answered == 2 && partial.partial && partial.hits.len() == 5, "{partial:?}");
 

@@ -36,7 +36,10 @@ fn main() -> ExitCode {
         args.test_threads = Some(1);
     }
     let tests = vec![
-        trial("a_full_disk_refuses_a_new_shard_and_the_node_keeps_serving", disk_full::a_full_disk_refuses_a_new_shard_and_the_node_keeps_serving),
+        trial(
+            "a_full_disk_refuses_a_new_shard_and_the_node_keeps_serving",
+            disk_full::a_full_disk_refuses_a_new_shard_and_the_node_keeps_serving,
+        ),
         trial("a_search_past_its_deadline_stops_on_every_node", search_deadline::a_search_past_its_deadline_stops_on_every_node),
         trial("a_search_asking_too_much_is_refused_before_any_work", search_deadline::a_search_asking_too_much_is_refused_before_any_work),
         trial("shard_limits_hold_and_a_refused_create_leaves_nothing", limits::shard_limits_hold_and_a_refused_create_leaves_nothing),
@@ -45,7 +48,10 @@ fn main() -> ExitCode {
         trial("every_documented_code_comes_from_a_real_failure", codes::every_documented_code_comes_from_a_real_failure),
         trial("a_stopped_node_does_not_hang_the_cluster", hung_node::a_stopped_node_does_not_hang_the_cluster),
         trial("silent_connections_are_closed_and_bounded", connections::silent_connections_are_closed_and_bounded),
-        trial("an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned", snapshots::an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned),
+        trial(
+            "an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned",
+            snapshots::an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned,
+        ),
         trial("one_search_is_one_otlp_trace_with_a_span_per_shard", telemetry::one_search_is_one_otlp_trace_with_a_span_per_shard),
         trial("metrics_move_with_the_work_done", telemetry::metrics_move_with_the_work_done),
         trial("shoalctl_top_shows_the_metrics_of_each_node", telemetry::shoalctl_top_shows_the_metrics_of_each_node),

@@ -83,8 +83,15 @@ pub(crate) fn a_search_asking_too_much_is_refused_before_any_work() -> anyhow::R
         // as a bad ef (0 means the default).
         let shard = Some(v1::ShardId { collection: "docs".into(), shard: 0 });
         let bad = vec![v1::Vector { values: vec![1.0; 15] }];
-        let err = node.search_shard(v1::SearchShardRequest { shard, queries: bad, k: 5, ef: 0, with_payload: false }).await.expect_err("dimension");
-        check!(fx, err.code() == Code::InvalidArgument && err.message().contains("vector has dimension 15, the index expects 16"), "{err:?}");
+        let err = node
+            .search_shard(v1::SearchShardRequest { shard, queries: bad, k: 5, ef: 0, with_payload: false })
+            .await
+            .expect_err("dimension");
+        check!(
+            fx,
+            err.code() == Code::InvalidArgument && err.message().contains("vector has dimension 15, the index expects 16"),
+            "{err:?}"
+        );
         Ok(())
     })
 }

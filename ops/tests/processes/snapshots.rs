@@ -39,10 +39,8 @@ pub(crate) fn an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned
         let err = client.restore_snapshot(restore).await.expect_err("incomplete");
         check!(fx, err.code() == Code::NotFound && err.message().contains("incomplete"), "{err:?}");
 
-        let pruned = client
-            .prune_snapshots(v1::PruneSnapshotsRequest { collection: "docs".into(), shard: None, keep_last: 5 })
-            .await?
-            .into_inner();
+        let pruned =
+            client.prune_snapshots(v1::PruneSnapshotsRequest { collection: "docs".into(), shard: None, keep_last: 5 }).await?.into_inner();
         let deleted: Vec<&str> = pruned.deleted_incomplete.iter().map(|c| c.id.as_str()).collect();
         check!(fx, deleted == ["cut"], "{pruned:?}");
         let list = client.list_snapshots(v1::ListSnapshotsRequest { collection: "docs".into(), shard: None }).await?.into_inner();

@@ -31,7 +31,10 @@ struct Collector(Arc<Mutex<Vec<Received>>>);
 
 #[tonic::async_trait]
 impl TraceService for Collector {
-    async fn export(&self, r: tonic::Request<ExportTraceServiceRequest>) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+    async fn export(
+        &self,
+        r: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         let mut got = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for rs in r.into_inner().resource_spans {
             let service = rs
@@ -44,7 +47,8 @@ impl TraceService for Collector {
                 .unwrap_or_default();
             for ss in rs.scope_spans {
                 for s in ss.spans {
-                    let attributes = s.attributes.iter().filter_map(|kv| Some((kv.key.clone(), text(kv.value.as_ref()?.value.as_ref()?)))).collect();
+                    let attributes =
+                        s.attributes.iter().filter_map(|kv| Some((kv.key.clone(), text(kv.value.as_ref()?.value.as_ref()?)))).collect();
                     got.push(Received { service: service.clone(), name: s.name, trace: s.trace_id, attributes });
                 }
             }
@@ -59,7 +63,9 @@ fn text(v: &Value) -> String {
         Value::IntValue(i) => i.to_string(),
         Value::BoolValue(b) => b.to_string(),
         Value::DoubleValue(d) => d.to_string(),
-        other @ (Value::ArrayValue(_) | Value::KvlistValue(_) | Value::BytesValue(_) | Value::StringValueStrindex(_)) => format!("{other:?}"),
+        other @ (Value::ArrayValue(_) | Value::KvlistValue(_) | Value::BytesValue(_) | Value::StringValueStrindex(_)) => {
+            format!("{other:?}")
+        }
     }
 }
 
@@ -69,9 +75,7 @@ async fn start_collector() -> anyhow::Result<(SocketAddr, Collector)> {
     let collector = Collector::default();
     let svc = TraceServiceServer::new(collector.clone());
     tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        tonic::transport::Server::builder().add_service(svc).serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     Ok((addr, collector))
 }
@@ -112,16 +116,27 @@ pub(crate) fn one_search_is_one_otlp_trace_with_a_span_per_shard() -> anyhow::Re
                     break in_trace;
                 }
             }
-            check!(fx, Instant::now() < deadline, "the search's trace did not arrive: {:#?}", collector.0.lock().map(|g| g.clone()).unwrap_or_default());
+            check!(
+                fx,
+                Instant::now() < deadline,
+                "the search's trace did not arrive: {:#?}",
+                collector.0.lock().map(|g| g.clone()).unwrap_or_default()
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         let traces: BTreeSet<&Vec<u8>> = spans.iter().map(|s| &s.trace).collect();
         check!(fx, traces.len() == 1, "{} traces", traces.len());
-        let shard_spans: BTreeSet<String> =
-            spans.iter().filter(|s| s.service == "shoal-coordinator" && s.name == "shard").filter_map(|s| s.attributes.get("shard").cloned()).collect();
+        let shard_spans: BTreeSet<String> = spans
+            .iter()
+            .filter(|s| s.service == "shoal-coordinator" && s.name == "shard")
+            .filter_map(|s| s.attributes.get("shard").cloned())
+            .collect();
         check!(fx, shard_spans == ["0", "1", "2"].map(String::from).into(), "coordinator shard spans: {shard_spans:?}");
-        let node_shards: BTreeSet<String> =
-            spans.iter().filter(|s| s.service == "shoal-shard-node" && s.name == "search").filter_map(|s| s.attributes.get("shard").cloned()).collect();
+        let node_shards: BTreeSet<String> = spans
+            .iter()
+            .filter(|s| s.service == "shoal-shard-node" && s.name == "search")
+            .filter_map(|s| s.attributes.get("shard").cloned())
+            .collect();
         check!(fx, node_shards == ["0", "1", "2"].map(String::from).into(), "shard node search spans: {node_shards:?}");
         let merges = spans.iter().filter(|s| s.name == "merge").count();
         check!(fx, merges == 1, "{merges} merge spans");
@@ -170,9 +185,12 @@ pub(crate) fn metrics_move_with_the_work_done() -> anyhow::Result<()> {
 
         upsert_all(&mut client, "docs", points(&mut rng, 16, 0..500), 100).await?;
         for _ in 0..7 {
-            client.search(v1::SearchRequest { collection: "docs".into(), vector: vector(&mut rng, 16), k: 3, ..Default::default() }).await?;
+            client
+                .search(v1::SearchRequest { collection: "docs".into(), vector: vector(&mut rng, 16), k: 3, ..Default::default() })
+                .await?;
         }
-        let missing = client.search(v1::SearchRequest { collection: "nope".into(), vector: vec![1.0; 16], k: 3, ..Default::default() }).await;
+        let missing =
+            client.search(v1::SearchRequest { collection: "nope".into(), vector: vec![1.0; 16], k: 3, ..Default::default() }).await;
         check!(fx, missing.is_err(), "a search of a missing collection succeeded");
 
         let after = scrape(coord).await?;
@@ -192,7 +210,12 @@ pub(crate) fn metrics_move_with_the_work_done() -> anyhow::Result<()> {
             let applies = sample(&text, "rpc_server_call_duration_seconds_count", &[r#"rpc_method="/shoal.v1.ShardNode/ApplyBatch""#]);
             check!(fx, applies > 0.0, "{}: no ApplyBatch counted:\n{text}", node.id);
             check!(fx, sample(&text, "shoal_shard_commit_duration_seconds_count", &[]) > 0.0, "{}: no commits:\n{text}", node.id);
-            check!(fx, sample(&text, "shoal_shard_search_duration_seconds_count", &[r#"collection="docs""#]) >= 7.0, "{}: searches:\n{text}", node.id);
+            check!(
+                fx,
+                sample(&text, "shoal_shard_search_duration_seconds_count", &[r#"collection="docs""#]) >= 7.0,
+                "{}: searches:\n{text}",
+                node.id
+            );
             check!(fx, sample(&text, "shoal_shard_lmdb_map_bytes", &[]) > 0.0, "{}: no map size:\n{text}", node.id);
             check!(fx, sample(&text, "process_open_fds", &[]) > 0.0, "{}: no open files:\n{text}", node.id);
             check!(fx, sample(&text, "shoal_build_info", &[]) == 1.0, "{}: no build info:\n{text}", node.id);
@@ -201,7 +224,11 @@ pub(crate) fn metrics_move_with_the_work_done() -> anyhow::Result<()> {
                 let labels = line.split_once('{').map_or("", |(_, r)| r.split_once('}').map_or("", |(l, _)| l));
                 for kv in labels.split(',').filter(|s| !s.is_empty()) {
                     let key = kv.split('=').next().unwrap_or_default();
-                    check!(fx, ["collection", "shard", "le", "otel_scope_name", "otel_scope_version", "otel_scope_schema_url"].contains(&key), "label {key} in {line}");
+                    check!(
+                        fx,
+                        ["collection", "shard", "le", "otel_scope_name", "otel_scope_version", "otel_scope_schema_url"].contains(&key),
+                        "label {key} in {line}"
+                    );
                 }
             }
         }
@@ -276,7 +303,13 @@ pub(crate) fn an_unreachable_otlp_collector_stalls_nothing() -> anyhow::Result<(
         create(&mut client, "docs", 16, 2).await?;
         upsert_all(&mut client, "docs", points(&mut rng, 16, 0..300), 100).await?;
         for _ in 0..200 {
-            let q = v1::SearchRequest { collection: "docs".into(), vector: vector(&mut rng, 16), k: 3, timeout_ms: 1_000, ..Default::default() };
+            let q = v1::SearchRequest {
+                collection: "docs".into(),
+                vector: vector(&mut rng, 16),
+                k: 3,
+                timeout_ms: 1_000,
+                ..Default::default()
+            };
             client.search(q).await?;
         }
         Ok(())

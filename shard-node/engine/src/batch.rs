@@ -53,10 +53,7 @@ pub struct Batch {
 impl Batch {
     /// A batch of upserts without payloads.
     pub fn upserts(points: impl IntoIterator<Item = (u64, Vec<f32>)>) -> Self {
-        Batch {
-            ops: points.into_iter().map(|(id, vector)| Op::Upsert(Point { id, vector, payload: None })).collect(),
-            source: None,
-        }
+        Batch { ops: points.into_iter().map(|(id, vector)| Op::Upsert(Point { id, vector, payload: None })).collect(), source: None }
     }
 
     /// Tags the batch with its place in a source.

@@ -18,12 +18,12 @@ use parking_lot::{Mutex, MutexGuard, RawMutex, lock_api::ArcMutexGuard};
 use rustc_hash::FxBuildHasher;
 
 use crate::error::{Error, Result};
-use crate::links_log::LogIndex;
 use crate::hnsw::{Scored, Scratch, greedy_closest, prefetch_codes, search_layer, select_neighbours};
+use crate::links_log::LogIndex;
 use crate::params::IndexParams;
+use crate::quant::{Code, Precision, Walk};
 use crate::stop::Stop;
 use crate::store::Store;
-use crate::quant::{Code, Precision, Walk};
 use crate::view::{Frozen, Graph, NodeCache, TxnView};
 
 /// Link lists changed by the batch, held in memory until the readers close.
@@ -66,10 +66,7 @@ impl std::ops::DerefMut for ListGuard<'_> {
 
 impl Overlay {
     pub(crate) fn new(first_new: u32, levels: Vec<u8>) -> Self {
-        let new_links = levels
-            .iter()
-            .map(|&l| (0..=l).map(|_| Mutex::new(Vec::new())).collect::<Box<[_]>>())
-            .collect();
+        let new_links = levels.iter().map(|&l| (0..=l).map(|_| Mutex::new(Vec::new())).collect::<Box<[_]>>()).collect();
         let words = (first_new as usize).div_ceil(64);
         Overlay {
             first_new,
@@ -91,13 +88,10 @@ impl Overlay {
     /// The list of new node `id` on `level`. An id past the batch or a level
     /// above the node's can only come from a corrupt link list.
     fn new_list(&self, store: &Store, id: u32, level: u8) -> Result<&Mutex<Vec<u32>>> {
-        self.new_links
-            .get((id - self.first_new) as usize)
-            .and_then(|levels| levels.get(level as usize))
-            .ok_or_else(|| Error::Corrupt {
-                path: store.path.clone(),
-                detail: format!("a link list names node {id} on level {level}, which does not exist"),
-            })
+        self.new_links.get((id - self.first_new) as usize).and_then(|levels| levels.get(level as usize)).ok_or_else(|| Error::Corrupt {
+            path: store.path.clone(),
+            detail: format!("a link list names node {id} on level {level}, which does not exist"),
+        })
     }
 
     fn bit(&self, id: u32) -> (&AtomicU64, u64) {
@@ -128,11 +122,7 @@ impl Overlay {
 
     /// The changes, once every thread is done with the overlay.
     pub(crate) fn into_changes(self) -> LinkChanges {
-        let new = self
-            .new_links
-            .into_iter()
-            .map(|levels| levels.into_vec().into_iter().map(Mutex::into_inner).collect())
-            .collect();
+        let new = self.new_links.into_iter().map(|levels| levels.into_vec().into_iter().map(Mutex::into_inner).collect()).collect();
         let mut touched: Vec<((u8, u32), Vec<u32>)> = self
             .touched
             .into_iter()
@@ -473,15 +463,7 @@ impl BuildCtx<'_> {
 
     /// Adds `new` to the list of `n` on `level`; a full list is pruned with
     /// the selection heuristic, dropping tombstones on the way.
-    fn add_back_link(
-        &self,
-        view: &mut BuildView<'_>,
-        w: &mut Worker,
-        n: u32,
-        new: u32,
-        level: u8,
-        dist: f32,
-    ) -> Result<()> {
+    fn add_back_link(&self, view: &mut BuildView<'_>, w: &mut Worker, n: u32, new: u32, level: u8, dist: f32) -> Result<()> {
         let cap = self.params.max_links(level);
         let metric = self.params.metric;
         let mut list = self.overlay.list_mut(&mut view.base, n, level)?;

@@ -73,11 +73,7 @@ impl NodeRecord {
         if b.len() != Self::SIZE {
             return None;
         }
-        Some(NodeRecord {
-            external: u64::from_le_bytes(b[..8].try_into().ok()?),
-            level: b[8],
-            flags: b[9],
-        })
+        Some(NodeRecord { external: u64::from_le_bytes(b[..8].try_into().ok()?), level: b[8], flags: b[9] })
     }
 }
 

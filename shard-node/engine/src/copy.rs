@@ -111,14 +111,7 @@ impl Index {
             let copied = copier.join().map_err(|_| io(std::io::Error::other("the copy thread panicked")))?;
             streamed.map_err(io)?;
             copied.map_err(|e| store.err(e))?;
-            let info = CopyInfo {
-                params: self.params,
-                txn_id,
-                live: state.live,
-                tombstones: state.tombstones,
-                offsets,
-                bytes: total,
-            };
+            let info = CopyInfo { params: self.params, txn_id, live: state.live, tombstones: state.tombstones, offsets, bytes: total };
             Ok(info)
         })
     }

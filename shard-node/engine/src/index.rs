@@ -312,11 +312,9 @@ impl Index {
         match (stored, missing) {
             (Some(bytes), _) => {
                 let found = codec::decode_params(&bytes).map_err(|e| match e {
-                    codec::ParamsDecodeError::Version(found) => Error::UnsupportedFormat {
-                        path: store.path.clone(),
-                        found,
-                        supported: codec::FORMAT_VERSION,
-                    },
+                    codec::ParamsDecodeError::Version(found) => {
+                        Error::UnsupportedFormat { path: store.path.clone(), found, supported: codec::FORMAT_VERSION }
+                    }
                     codec::ParamsDecodeError::Malformed => {
                         Error::Corrupt { path: store.path.clone(), detail: "index parameters are malformed".into() }
                     }
@@ -372,10 +370,8 @@ impl Index {
     /// batch is accepted or rejected whole; the accepted ones commit
     /// together. The outer error means nothing was committed.
     pub fn apply_group(&self, mut batches: Vec<Batch>) -> Result<Vec<Result<BatchOutcome, InvalidInput>>> {
-        let checked: Vec<Result<(), InvalidInput>> = batches
-            .iter_mut()
-            .map(|b| plan::prepare(b, &self.params, self.opts.max_payload_bytes))
-            .collect();
+        let checked: Vec<Result<(), InvalidInput>> =
+            batches.iter_mut().map(|b| plan::prepare(b, &self.params, self.opts.max_payload_bytes)).collect();
         let _writer = self.writer.lock();
         let _span = tracing::debug_span!("engine.apply", batches = batches.len()).entered();
         loop {
@@ -417,8 +413,9 @@ impl Index {
         if next > u64::from(u32::MAX) {
             return Err(Attempt::Failed(Error::IdSpaceExhausted { used: u64::from(state.next_id), max: u64::from(u32::MAX) }));
         }
-        let live = (state.live + plan.inserts.len() as u64).checked_sub(plan.tombstones.len() as u64).ok_or_else(|| {
-            Error::Corrupt { path: store.path.clone(), detail: format!("{} live points, but {} to retire", state.live, plan.tombstones.len()) }
+        let live = (state.live + plan.inserts.len() as u64).checked_sub(plan.tombstones.len() as u64).ok_or_else(|| Error::Corrupt {
+            path: store.path.clone(),
+            detail: format!("{} live points, but {} to retire", state.live, plan.tombstones.len()),
         })?;
         let levels = tracing::debug_span!("write_points", inserts = plan.inserts.len(), retired = plan.tombstones.len())
             .in_scope(|| self.write_points(&mut wtxn, &plan, state.next_id))?;
@@ -529,11 +526,7 @@ impl Index {
             match db.get(wtxn, &codec::id_key(block_no)).map_err(err)? {
                 Some(old) if old.len() == held * value_bytes => block.extend_from_slice(old),
                 found => {
-                    let detail = format!(
-                        "block {block_no} has {} bytes, expected {}",
-                        found.map_or(0, <[u8]>::len),
-                        held * value_bytes
-                    );
+                    let detail = format!("block {block_no} has {} bytes, expected {}", found.map_or(0, <[u8]>::len), held * value_bytes);
                     return Err(Attempt::Failed(Error::Corrupt { path: store.path.clone(), detail }));
                 }
             }
@@ -547,8 +540,7 @@ impl Index {
             if block.len() == full || rest.is_empty() {
                 let key = codec::id_key(block_no);
                 // Block numbers only grow: a new block is the largest key.
-                if replace { db.put(wtxn, &key, &block) } else { db.put_with_flags(wtxn, PutFlags::APPEND, &key, &block) }
-                    .map_err(err)?;
+                if replace { db.put(wtxn, &key, &block) } else { db.put_with_flags(wtxn, PutFlags::APPEND, &key, &block) }.map_err(err)?;
                 block.clear();
                 block_no += 1;
                 replace = false;
@@ -759,13 +751,7 @@ impl Index {
     /// does not replace (an empty version when not folding). Blocks are read, patched and rewritten
     /// once each, in key order; blocks past the ones that existed before
     /// `first_new` are appended. Returns how many blocks were written.
-    fn patch_blocks(
-        &self,
-        wtxn: &mut RwTxn<'_>,
-        first_new: u32,
-        direct: &[(u32, &[u32])],
-        fold: &LogIndex,
-    ) -> Result<usize, Attempt> {
+    fn patch_blocks(&self, wtxn: &mut RwTxn<'_>, first_new: u32, direct: &[(u32, &[u32])], fold: &LogIndex) -> Result<usize, Attempt> {
         // Lists are gathered a round at a time, as bytes, because the
         // logged ones are read from values of this very transaction, which
         // cannot be borrowed while blocks are written; a round bounds the
@@ -1117,7 +1103,6 @@ fn _assert_send_sync() {
     let _ = PathBuf::new();
 }
 
-
 #[cfg(test)]
 mod tests {
     use rand::rngs::StdRng;
@@ -1185,7 +1170,8 @@ mod tests {
     #[test]
     fn a_damaged_link_log_is_reported_as_corruption() {
         let dir = tempfile::tempdir().unwrap();
-        let opts = IndexOptions { build_threads: 1, durable: false, link_log: LinkLog::Always { fold_lists: 1 << 20 }, ..IndexOptions::default() };
+        let opts =
+            IndexOptions { build_threads: 1, durable: false, link_log: LinkLog::Always { fold_lists: 1 << 20 }, ..IndexOptions::default() };
         let index = Index::open_or_create(dir.path(), IndexParams::new(8, crate::Metric::Euclidean), opts.clone()).unwrap();
         let point = |i: u64| (i, (0..8).map(|j| ((i * 3 + j) % 11) as f32 - 5.0).collect::<Vec<f32>>());
         index.apply(Batch::upserts((0..100).map(point))).unwrap();
@@ -1212,9 +1198,17 @@ mod tests {
         }
         // A record naming a node past the index.
         let index = {
-            let store = crate::store::Store::open(dir.path(), &crate::store::StoreOptions {
-                initial_map_size: 1 << 20, max_map_size: 1 << 30, max_readers: 16, durable: false, read_ahead: false,
-            }).unwrap();
+            let store = crate::store::Store::open(
+                dir.path(),
+                &crate::store::StoreOptions {
+                    initial_map_size: 1 << 20,
+                    max_map_size: 1 << 30,
+                    max_readers: 16,
+                    durable: false,
+                    read_ahead: false,
+                },
+            )
+            .unwrap();
             let mut bad = value.clone();
             bad[4..8].copy_from_slice(&10_000u32.to_le_bytes());
             let mut wtxn = store.env.write_txn().unwrap();
@@ -1241,7 +1235,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let opts = IndexOptions { build_threads: 2, durable: false, ..IndexOptions::default() };
         for dim in [3u32, 96, 384, 700] {
-            let index = Index::open_or_create(dir.path().join(dim.to_string()), IndexParams::new(dim, crate::Metric::Euclidean), opts.clone()).unwrap();
+            let index =
+                Index::open_or_create(dir.path().join(dim.to_string()), IndexParams::new(dim, crate::Metric::Euclidean), opts.clone())
+                    .unwrap();
             let mut next_external = 0u64;
             for round in 0..12 {
                 let mut ops = Vec::new();

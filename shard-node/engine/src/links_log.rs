@@ -84,9 +84,10 @@ impl LogIndex {
     pub(crate) fn entries(&self) -> impl Iterator<Item = (u32, (usize, usize))> + '_ {
         self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
             chunk.iter().flat_map(move |ch| {
-                ch.iter().enumerate().filter(|(_, e)| **e != 0).map(move |(i, &e)| {
-                    ((c * CHUNK + i) as u32, ((e >> 24) as usize - 1, (e & 0xFF_FFFF) as usize))
-                })
+                ch.iter()
+                    .enumerate()
+                    .filter(|(_, e)| **e != 0)
+                    .map(move |(i, &e)| ((c * CHUNK + i) as u32, ((e >> 24) as usize - 1, (e & 0xFF_FFFF) as usize)))
             })
         })
     }
@@ -127,10 +128,7 @@ impl LogIndex {
         let mut index = LogIndex::default();
         for item in store.dbs.links0_log.iter(txn).map_err(|e| store.err(e))? {
             let (key, value) = item.map_err(|e| store.err(e))?;
-            let epoch = key
-                .try_into()
-                .map(u64::from_be_bytes)
-                .map_err(|_| corrupt(format!("link log key of {} bytes", key.len())))?;
+            let epoch = key.try_into().map(u64::from_be_bytes).map_err(|_| corrupt(format!("link log key of {} bytes", key.len())))?;
             if index.values.len() >= MAX_VALUES {
                 return Err(corrupt(format!("link log holds more than {MAX_VALUES} values")));
             }

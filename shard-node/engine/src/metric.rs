@@ -223,4 +223,3 @@ mod tests {
         assert!((big[0] - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-6, "{big:?}");
     }
 }
-

@@ -149,12 +149,7 @@ mod x86 {
         while i + 32 <= n {
             // SAFETY: `i + 32 <= n` bytes are in both slices; loadu has no
             // alignment requirement.
-            let (x, y) = unsafe {
-                (
-                    _mm256_loadu_si256(a.as_ptr().add(i).cast()),
-                    _mm256_loadu_si256(b.as_ptr().add(i).cast()),
-                )
-            };
+            let (x, y) = unsafe { (_mm256_loadu_si256(a.as_ptr().add(i).cast()), _mm256_loadu_si256(b.as_ptr().add(i).cast())) };
             let x0 = _mm256_and_si256(x, mask);
             let x1 = _mm256_and_si256(_mm256_srli_epi16::<4>(x), mask);
             let y0 = _mm256_and_si256(y, mask);

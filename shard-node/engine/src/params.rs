@@ -93,10 +93,6 @@ impl IndexParams {
 
 impl fmt::Display for IndexParams {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "dim={} metric={} m={} m0={} ef_construction={}",
-            self.dim, self.metric, self.m, self.m0, self.ef_construction
-        )
+        write!(f, "dim={} metric={} m={} m0={} ef_construction={}", self.dim, self.metric, self.m, self.m0, self.ef_construction)
     }
 }

@@ -36,10 +36,7 @@ pub(crate) fn prepare(batch: &mut Batch, params: &IndexParams, max_payload: usiz
     }
     for (op, o) in batch.ops.iter().enumerate() {
         if let Op::Upsert(p) = o {
-            params
-                .metric
-                .validate(&p.vector, params.dim as usize)
-                .map_err(|error| InvalidInput::Vector { at: Location::Op(op), error })?;
+            params.metric.validate(&p.vector, params.dim as usize).map_err(|error| InvalidInput::Vector { at: Location::Op(op), error })?;
             if let Some(len) = p.payload.as_ref().map(Vec::len)
                 && len > max_payload
             {
@@ -188,9 +185,7 @@ pub(crate) fn resolve<'b>(
             }
         }
         for id in &found_absent {
-            if local.get(id).is_none_or(|f| matches!(f, Fate::Deleted))
-                && !held_before(*id, &fate, &mut known, &mut lookup)?
-            {
+            if local.get(id).is_none_or(|f| matches!(f, Fate::Deleted)) && !held_before(*id, &fate, &mut known, &mut lookup)? {
                 missing += 1;
             }
         }
@@ -213,11 +208,7 @@ pub(crate) fn resolve<'b>(
         match f {
             Fate::Upsert { batch, op } => {
                 if let Op::Upsert(p) = &batches[batch].ops[op] {
-                    inserts.push((
-                        batch,
-                        op,
-                        NewPoint { external, vector: &p.vector, payload: p.payload.as_deref() },
-                    ));
+                    inserts.push((batch, op, NewPoint { external, vector: &p.vector, payload: p.payload.as_deref() }));
                 }
             }
             Fate::Deleted if old.is_some() => removed.push(external),
@@ -231,13 +222,7 @@ pub(crate) fn resolve<'b>(
     removed.sort_unstable();
     let mut offsets: Vec<(&'b str, u64)> = offsets.into_iter().collect();
     offsets.sort_unstable();
-    Ok(Plan {
-        outcomes,
-        inserts: inserts.into_iter().map(|(_, _, p)| p).collect(),
-        tombstones,
-        removed,
-        offsets,
-    })
+    Ok(Plan { outcomes, inserts: inserts.into_iter().map(|(_, _, p)| p).collect(), tombstones, removed, offsets })
 }
 
 #[cfg(test)]
@@ -322,7 +307,10 @@ mod tests {
             (vec![Op::DeleteIfPresent(8), Op::DeleteIfPresent(8)], applied(0, 0, 1)),
             (vec![Op::DeleteIfPresent(8), up(8), Op::Delete(8)], applied(0, 0, 1)),
             (vec![Op::DeleteIfPresent(8), up(8)], applied(1, 0, 0)),
-            (vec![up(1), up(7), Op::Delete(2), Op::DeleteIfPresent(3), Op::DeleteIfPresent(8), up(1), up(3), Op::Delete(4)], applied(3, 2, 1)),
+            (
+                vec![up(1), up(7), Op::Delete(2), Op::DeleteIfPresent(3), Op::DeleteIfPresent(8), up(1), up(3), Op::Delete(4)],
+                applied(3, 2, 1),
+            ),
         ];
         for (ops, want) in cases {
             let batches = [Batch { ops: ops.clone(), source: None }];
@@ -372,14 +360,12 @@ mod tests {
         assert_eq!(prepare(&mut empty, &params, 10), Err(InvalidInput::EmptyBatch));
         let mut position_only = Batch::default().with_source("job", 3);
         assert_eq!(prepare(&mut position_only, &params, 10), Ok(()));
-        let mut big = Batch {
-            ops: vec![Op::Upsert(Point { id: 1, vector: vec![1.0, 1.0], payload: Some(vec![0; 11]) })],
-            source: None,
-        };
+        let mut big = Batch { ops: vec![Op::Upsert(Point { id: 1, vector: vec![1.0, 1.0], payload: Some(vec![0; 11]) })], source: None };
         assert_eq!(prepare(&mut big, &params, 10), Err(InvalidInput::PayloadTooLarge { op: 0, len: 11, max: 10 }));
         let mut named = Batch::upserts([(1, vec![1.0, 1.0])]).with_source("", 1);
         assert!(matches!(prepare(&mut named, &params, 10), Err(InvalidInput::BadSourceName { len: 0, .. })));
-        for mut last in [Batch::upserts([(1, vec![1.0, 1.0])]).with_source("job", u64::MAX), Batch::default().with_source("job", u64::MAX)] {
+        for mut last in [Batch::upserts([(1, vec![1.0, 1.0])]).with_source("job", u64::MAX), Batch::default().with_source("job", u64::MAX)]
+        {
             assert_eq!(prepare(&mut last, &params, 10), Err(InvalidInput::OffsetOutOfRange { offset: u64::MAX }));
         }
         assert_eq!(prepare(&mut Batch::default().with_source("job", u64::MAX - 1), &params, 10), Ok(()));

@@ -5,16 +5,16 @@ use std::sync::Arc;
 
 use heed::{RoTxn, WithoutTls};
 
+use crate::cache::SharedAddrs;
 use crate::codec::{self, NodeRecord, State};
 use crate::error::{Error, InvalidInput, Location, Result};
+use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer};
 use crate::index::Rescore;
 use crate::links_log::{LogIndex, LogVersions};
-use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer};
 use crate::params::IndexParams;
+use crate::quant::{OwnedCode, Walk};
 use crate::stop::Stop;
 use crate::store::Store;
-use crate::cache::SharedAddrs;
-use crate::quant::{OwnedCode, Walk};
 use crate::view::{Frozen, Graph, NodeCache, TxnView};
 
 /// One search result.
@@ -95,15 +95,7 @@ impl Session {
             let state = read_state(store, &txn)?;
             Ok(((txn, state), state.log_epoch))
         })?;
-        Ok(Session {
-            cache: NodeCache::new(cache_budget),
-            scratch: Scratch::new(),
-            found: Vec::new(),
-            state,
-            generation,
-            log,
-            txn,
-        })
+        Ok(Session { cache: NodeCache::new(cache_budget), scratch: Scratch::new(), found: Vec::new(), state, generation, log, txn })
     }
 
     fn view<'s>(&'s mut self, store: &'s Store, shared: &'s SharedAddrs, params: &IndexParams) -> TxnView<'s> {
@@ -183,13 +175,7 @@ impl Session {
     }
 
     /// The live point with external id `id`.
-    pub(crate) fn get(
-        &mut self,
-        store: &Store,
-        shared: &SharedAddrs,
-        params: &IndexParams,
-        id: u64,
-    ) -> Result<Option<StoredPoint>> {
+    pub(crate) fn get(&mut self, store: &Store, shared: &SharedAddrs, params: &IndexParams, id: u64) -> Result<Option<StoredPoint>> {
         let Some(internal) = lookup_external(store, &self.txn, id)? else { return Ok(None) };
         let payload = payload(store, &self.txn, internal)?;
         let vector = self.view(store, shared, params).vector(internal)?.to_vec();
@@ -230,8 +216,7 @@ pub(crate) fn read_state(store: &Store, txn: &RoTxn<'_, WithoutTls>) -> Result<S
     let bytes = store.dbs.meta.get(txn, codec::META_STATE).map_err(|e| store.err(e))?;
     match bytes {
         None => Ok(State::default()),
-        Some(b) => State::decode(b)
-            .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: "index state is malformed".into() }),
+        Some(b) => State::decode(b).ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: "index state is malformed".into() }),
     }
 }
 
@@ -239,10 +224,9 @@ pub(crate) fn lookup_external(store: &Store, txn: &RoTxn<'_, WithoutTls>, id: u6
     let v = store.dbs.external.get(txn, &codec::external_key(id)).map_err(|e| store.err(e))?;
     match v {
         None => Ok(None),
-        Some(b) => codec::decode_id_key(b).map(Some).ok_or_else(|| Error::Corrupt {
-            path: store.path.clone(),
-            detail: format!("id map entry of {id} is malformed"),
-        }),
+        Some(b) => codec::decode_id_key(b)
+            .map(Some)
+            .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("id map entry of {id} is malformed") }),
     }
 }
 
@@ -250,10 +234,9 @@ pub(crate) fn read_offset(store: &Store, txn: &RoTxn<'_, WithoutTls>, source: &s
     let v = store.dbs.offsets.get(txn, source.as_bytes()).map_err(|e| store.err(e))?;
     match v {
         None => Ok(None),
-        Some(b) => decode_offset(b).map(Some).ok_or_else(|| Error::Corrupt {
-            path: store.path.clone(),
-            detail: format!("offset of source {source} is malformed"),
-        }),
+        Some(b) => decode_offset(b)
+            .map(Some)
+            .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("offset of source {source} is malformed") }),
     }
 }
 
@@ -263,10 +246,8 @@ pub(crate) fn offsets(store: &Store, txn: &RoTxn<'_, WithoutTls>) -> Result<Vec<
     for item in store.dbs.offsets.iter(txn).map_err(|e| store.err(e))? {
         let (k, v) = item.map_err(|e| store.err(e))?;
         let name = String::from_utf8_lossy(k).into_owned();
-        let offset = decode_offset(v).ok_or_else(|| Error::Corrupt {
-            path: store.path.clone(),
-            detail: format!("offset of source {name} is malformed"),
-        })?;
+        let offset = decode_offset(v)
+            .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("offset of source {name} is malformed") })?;
         out.push((name, offset));
     }
     Ok(out)
@@ -285,10 +266,7 @@ pub(crate) fn read_node(store: &Store, txn: &RoTxn<'_, WithoutTls>, id: u32) -> 
 
 /// Validates and prepares a query vector.
 pub(crate) fn prepare_query(params: &IndexParams, query: &[f32]) -> Result<Vec<f32>, InvalidInput> {
-    params
-        .metric
-        .validate(query, params.dim as usize)
-        .map_err(|error| InvalidInput::Vector { at: Location::Query, error })?;
+    params.metric.validate(query, params.dim as usize).map_err(|error| InvalidInput::Vector { at: Location::Query, error })?;
     let mut q = query.to_vec();
     params.metric.prepare(&mut q);
     Ok(q)

@@ -132,11 +132,7 @@ impl Store {
 
     /// The environment's page size (fixed when it was created).
     pub(crate) fn page_size(&self) -> u32 {
-        self.env
-            .read_txn()
-            .ok()
-            .and_then(|t| self.dbs.meta.stat(&t).ok())
-            .map_or(page_size() as u32, |s| s.page_size)
+        self.env.read_txn().ok().and_then(|t| self.dbs.meta.stat(&t).ok()).map_or(page_size() as u32, |s| s.page_size)
     }
 
     /// Bytes the environment occupies on disk (the data file).
@@ -228,8 +224,8 @@ fn lock_file_bytes(max_readers: u32) -> u64 {
 /// blocks already allocated cost nothing, so an existing index opens on a
 /// full device.
 fn reserve_lock_file(dir: &Path, max_readers: u32) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(LOCK_FILE);
     let io = |source: std::io::Error| io_error(dir, &path, source);
     // The mode LMDB creates it with (heed opens environments 0600); never
@@ -265,9 +261,7 @@ fn io_error(dir: &Path, file: &Path, source: std::io::Error) -> Error {
 /// [`Error::OpenFileLimit`], everything else keeps its source.
 pub(crate) fn storage(path: &Path, e: heed::Error) -> Error {
     match &e {
-        heed::Error::Io(io) if io.raw_os_error() == Some(libc::ENOSPC) => {
-            Error::DiskFull { path: path.to_owned() }
-        }
+        heed::Error::Io(io) if io.raw_os_error() == Some(libc::ENOSPC) => Error::DiskFull { path: path.to_owned() },
         heed::Error::Io(io) if matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
             Error::OpenFileLimit { path: path.to_owned() }
         }
@@ -276,11 +270,9 @@ pub(crate) fn storage(path: &Path, e: heed::Error) -> Error {
         heed::Error::Io(io) if io.raw_os_error() == Some(libc::EIO) && device_nearly_full(path) => {
             Error::DiskFull { path: path.to_owned() }
         }
-        heed::Error::Io(_)
-        | heed::Error::Mdb(_)
-        | heed::Error::Encoding(_)
-        | heed::Error::Decoding(_)
-        | heed::Error::EnvAlreadyOpened => Error::Storage { path: path.to_owned(), source: e },
+        heed::Error::Io(_) | heed::Error::Mdb(_) | heed::Error::Encoding(_) | heed::Error::Decoding(_) | heed::Error::EnvAlreadyOpened => {
+            Error::Storage { path: path.to_owned(), source: e }
+        }
     }
 }
 

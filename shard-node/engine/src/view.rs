@@ -59,7 +59,12 @@ impl NodeCache {
     }
 
     pub(crate) fn bytes(&self) -> usize {
-        self.codes.bytes() + self.vectors.bytes() + self.links0.bytes() + self.nodes.bytes() + self.upper.len() * 24 + self.log_values.len() * 16
+        self.codes.bytes()
+            + self.vectors.bytes()
+            + self.links0.bytes()
+            + self.nodes.bytes()
+            + self.upper.len() * 24
+            + self.log_values.len() * 16
     }
 }
 
@@ -243,11 +248,7 @@ impl<'t> TxnView<'t> {
     fn fetch_block(&self, block: u32, slot: u32, id: u32) -> Result<(*const u8, u32)> {
         let bytes = self.code_bytes;
         match self.store.dbs.codes.get(self.txn, &codec::id_key(block)).map_err(|e| self.store.err(e))? {
-            Some(b)
-                if b.len() % bytes == 0
-                    && b.len() / bytes > slot as usize
-                    && b.len() / bytes <= self.codes_block as usize =>
-            {
+            Some(b) if b.len() % bytes == 0 && b.len() / bytes > slot as usize && b.len() / bytes <= self.codes_block as usize => {
                 Ok((b.as_ptr(), (b.len() / bytes) as u32))
             }
             Some(b) => Err(self.corrupt(format!("code block {block} (of node {id}) has {} bytes", b.len()))),
@@ -280,8 +281,7 @@ impl<'t> TxnView<'t> {
         } else {
             // SAFETY: `p` points at vector_bytes readable bytes (checked by fetch).
             let bytes = unsafe { std::slice::from_raw_parts(p, self.vector_bytes) };
-            let copy: Box<[f32]> =
-                bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let copy: Box<[f32]> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             let ptr = copy.as_ptr();
             self.cache.unaligned.push(copy);
             ptr
@@ -462,4 +462,3 @@ impl<'t> Graph<'t> for TxnView<'t> {
         }
     }
 }
-

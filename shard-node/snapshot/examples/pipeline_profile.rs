@@ -39,19 +39,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("blake3 (1 thread):    {s:.3}s  {:.0} MiB/s ({n})", mib(info.bytes) / s);
 
     for threads in [1, std::thread::available_parallelism().map_or(1, usize::from)] {
-    let t = Instant::now();
-    let chunks: Vec<&[u8]> = image.chunks(4 << 20).collect();
-    let out: usize = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..threads)
-            .map(|k| {
-                let chunks = &chunks;
-                sc.spawn(move || chunks.iter().skip(k).step_by(threads).map(|c| zstd::bulk::compress(c, level).map_or(0, |v| v.len())).sum::<usize>())
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
-    });
-    let s = t.elapsed().as_secs_f64();
-    println!("zstd -{level} ({threads} threads): {s:.3}s  {:.0} MiB/s -> {:.1} MiB", mib(info.bytes) / s, mib(out as u64));
+        let t = Instant::now();
+        let chunks: Vec<&[u8]> = image.chunks(4 << 20).collect();
+        let out: usize = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..threads)
+                .map(|k| {
+                    let chunks = &chunks;
+                    sc.spawn(move || {
+                        chunks.iter().skip(k).step_by(threads).map(|c| zstd::bulk::compress(c, level).map_or(0, |v| v.len())).sum::<usize>()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+        });
+        let s = t.elapsed().as_secs_f64();
+        println!("zstd -{level} ({threads} threads): {s:.3}s  {:.0} MiB/s -> {:.1} MiB", mib(info.bytes) / s, mib(out as u64));
     }
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -68,7 +70,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut last = None;
     for (name, store) in [("in memory", &memory), ("files, no fsync", &nosync), ("files, fsync (default)", &store)] {
         let t = Instant::now();
-        let m = rt.block_on(shoal_snapshot::create_snapshot(store, Arc::clone(&index), &target, &opts, Arc::new(Progress::new(Operation::Snapshot))))?;
+        let m = rt.block_on(shoal_snapshot::create_snapshot(
+            store,
+            Arc::clone(&index),
+            &target,
+            &opts,
+            Arc::new(Progress::new(Operation::Snapshot)),
+        ))?;
         let s = t.elapsed().as_secs_f64();
         println!("create_snapshot to {name}: {s:.3}s  {:.0} MiB/s -> {:.1} MiB", mib(m.image_bytes) / s, mib(m.stored_bytes));
         last = Some(m);
@@ -83,7 +91,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::thread::scope(|sc| {
         for k in 0..threads {
             let compressed = &compressed;
-            sc.spawn(move || compressed.iter().skip(k).step_by(threads).map(|c| zstd::bulk::decompress(c, 4 << 20).map_or(0, |v| v.len())).sum::<usize>());
+            sc.spawn(move || {
+                compressed.iter().skip(k).step_by(threads).map(|c| zstd::bulk::decompress(c, 4 << 20).map_or(0, |v| v.len())).sum::<usize>()
+            });
         }
     });
     let s = t.elapsed().as_secs_f64();
@@ -91,7 +101,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let staging = store_dir.path().join("restored");
     let source = shoal_snapshot::RestoreSource { collection: "profile".into(), shard: 0, id: m.id.clone() };
     let t = Instant::now();
-    rt.block_on(shoal_snapshot::restore_to_staging(&store, &source, &staging, &shoal_snapshot::RestoreOptions::default(), Arc::new(Progress::new(Operation::Restore))))?;
+    rt.block_on(shoal_snapshot::restore_to_staging(
+        &store,
+        &source,
+        &staging,
+        &shoal_snapshot::RestoreOptions::default(),
+        Arc::new(Progress::new(Operation::Restore)),
+    ))?;
     let s = t.elapsed().as_secs_f64();
     println!("restore_to_staging (files): {s:.3}s  {:.0} MiB/s", mib(m.image_bytes) / s);
     let t = Instant::now();
@@ -110,7 +126,8 @@ fn build(dir: &str, fvecs: &str) -> Result<(), Box<dyn std::error::Error>> {
         .take(100_000)
         .map(|r| r[4..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
         .collect();
-    let index = Index::open_or_create(dir, shoal_engine::IndexParams::new(dim as u32, shoal_engine::Metric::Cosine), IndexOptions::default())?;
+    let index =
+        Index::open_or_create(dir, shoal_engine::IndexParams::new(dim as u32, shoal_engine::Metric::Cosine), IndexOptions::default())?;
     for (b, chunk) in rows.chunks(10_000).enumerate() {
         let points = chunk.iter().enumerate().map(|(i, v)| ((b * 10_000 + i) as u64, v.clone()));
         index.apply(shoal_engine::Batch::upserts(points))?;

@@ -30,11 +30,7 @@ pub struct Listed {
 /// Manifest keys under `prefix` as (collection, shard, id), sorted by
 /// collection, shard, then id (ids sort by creation time).
 pub(crate) async fn manifest_keys(store: &dyn ObjectStore, prefix: &Path) -> Result<Vec<(String, u32, String)>> {
-    let metas: Vec<_> = store
-        .list(Some(prefix))
-        .try_collect()
-        .await
-        .map_err(|e| SnapshotError::store("list", prefix, e))?;
+    let metas: Vec<_> = store.list(Some(prefix)).try_collect().await.map_err(|e| SnapshotError::store("list", prefix, e))?;
     let mut keys: Vec<_> = metas.iter().filter_map(|m| layout::parse_manifest_key(&m.location)).collect();
     keys.sort();
     Ok(keys)

@@ -42,9 +42,7 @@ impl ChunkWriter {
         let data = std::mem::replace(&mut self.buf, Vec::with_capacity(self.chunk_size));
         let len = data.len() as u64;
         // Called on a blocking thread (never inside the runtime).
-        self.tx
-            .blocking_send(RawChunk { index: self.next, data })
-            .map_err(|_| std::io::Error::other("the upload stopped"))?;
+        self.tx.blocking_send(RawChunk { index: self.next, data }).map_err(|_| std::io::Error::other("the upload stopped"))?;
         self.next += 1;
         self.progress.add_done(len);
         Ok(())

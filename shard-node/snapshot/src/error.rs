@@ -81,7 +81,9 @@ pub enum SnapshotError {
     },
 
     /// A chunk is shorter or longer than the manifest says.
-    #[error("chunk {index} ({key}) of snapshot {id} is truncated or altered: {found} bytes stored, manifest says {expected}; restore another snapshot")]
+    #[error(
+        "chunk {index} ({key}) of snapshot {id} is truncated or altered: {found} bytes stored, manifest says {expected}; restore another snapshot"
+    )]
     ChunkTruncated {
         /// Snapshot id.
         id: String,
@@ -139,7 +141,9 @@ pub enum SnapshotError {
     },
 
     /// The device that receives a restore has too little space.
-    #[error("no space left on the device holding {path}: the image needs {needed} bytes ({available} available); nothing existing was changed")]
+    #[error(
+        "no space left on the device holding {path}: the image needs {needed} bytes ({available} available); nothing existing was changed"
+    )]
     DiskFull {
         /// Directory being written.
         path: PathBuf,

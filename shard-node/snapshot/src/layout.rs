@@ -54,9 +54,7 @@ pub fn validate_id(id: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(SnapshotError::Invalid(format!(
-            "snapshot id {id:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ - and not start with a dot"
-        )))
+        Err(SnapshotError::Invalid(format!("snapshot id {id:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ - and not start with a dot")))
     }
 }
 

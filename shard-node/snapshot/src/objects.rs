@@ -99,12 +99,7 @@ pub async fn read_manifest(store: &Arc<dyn ObjectStore>, collection: &str, shard
     layout::validate_collection(collection)?;
     layout::validate_id(id)?;
     let key = layout::manifest_key(collection, shard, id);
-    let missing = || SnapshotError::ManifestMissing {
-        collection: collection.to_owned(),
-        shard,
-        id: id.to_owned(),
-        key: key.to_string(),
-    };
+    let missing = || SnapshotError::ManifestMissing { collection: collection.to_owned(), shard, id: id.to_owned(), key: key.to_string() };
     let bytes = match store.get(&key).await {
         Ok(g) => g.bytes().await.map_err(|e| SnapshotError::store("get", &key, e))?,
         Err(object_store::Error::NotFound { .. }) => return Err(missing()),

@@ -97,13 +97,7 @@ pub struct PruneReport {
 /// until they or the collection are pruned. A complete snapshot whose
 /// manifest such a prune retires is incomplete from then on, so the next
 /// prune of the collection past the grace period deletes the rest of it.
-pub async fn prune(
-    store: &SnapshotStore,
-    collection: &str,
-    shard: Option<u32>,
-    keep_last: usize,
-    grace: Duration,
-) -> Result<PruneReport> {
+pub async fn prune(store: &SnapshotStore, collection: &str, shard: Option<u32>, keep_last: usize, grace: Duration) -> Result<PruneReport> {
     layout::validate_collection(collection)?;
     if keep_last == 0 {
         return Err(SnapshotError::Invalid("keep_last must be at least 1 (drop the collection's snapshots by hand if you mean it)".into()));
@@ -232,8 +226,7 @@ async fn collect_chunks(store: &SnapshotStore, grace: Duration, report: &mut Pru
     }
     report.referenced_chunks = referenced.len() as u64;
     let prefix = Path::from(layout::CHUNKS);
-    let chunks: Vec<ObjectMeta> =
-        objects.list(Some(&prefix)).try_collect().await.map_err(|e| SnapshotError::store("list", &prefix, e))?;
+    let chunks: Vec<ObjectMeta> = objects.list(Some(&prefix)).try_collect().await.map_err(|e| SnapshotError::store("list", &prefix, e))?;
     let cutoff = now_ms().saturating_sub(grace.as_millis() as u64) as i64;
     let mut doomed = Vec::new();
     for c in chunks {
@@ -269,8 +262,7 @@ async fn collect_chunks(store: &SnapshotStore, grace: Duration, report: &mut Pru
 /// snapshots that died (older than `grace`).
 async fn snapshots_in_flight(objects: &dyn ObjectStore, grace: Duration) -> Result<Option<String>> {
     let prefix = Path::from(layout::INFLIGHT);
-    let markers: Vec<ObjectMeta> =
-        objects.list(Some(&prefix)).try_collect().await.map_err(|e| SnapshotError::store("list", &prefix, e))?;
+    let markers: Vec<ObjectMeta> = objects.list(Some(&prefix)).try_collect().await.map_err(|e| SnapshotError::store("list", &prefix, e))?;
     let cutoff = now_ms().saturating_sub(grace.as_millis() as u64) as i64;
     let mut live = Vec::new();
     for m in markers {

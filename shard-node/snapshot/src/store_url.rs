@@ -64,11 +64,8 @@ impl SnapshotStore {
     }
 
     fn local(path: &Path, url: &str) -> Result<SnapshotStore> {
-        let abs: PathBuf = if path.is_absolute() {
-            path.to_owned()
-        } else {
-            std::env::current_dir().map_err(|e| SnapshotError::io(".", e))?.join(path)
-        };
+        let abs: PathBuf =
+            if path.is_absolute() { path.to_owned() } else { std::env::current_dir().map_err(|e| SnapshotError::io(".", e))?.join(path) };
         std::fs::create_dir_all(&abs).map_err(|e| SnapshotError::io(&abs, e))?;
         // fsync every object (and its directory): a manifest must never
         // be durable before the chunks it names.
@@ -86,8 +83,7 @@ impl SnapshotStore {
         let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
         let mut path_style_set = false;
         for (k, v) in parsed.query_pairs() {
-            let key: AmazonS3ConfigKey =
-                k.parse().map_err(|_| bad(format!("unknown S3 setting {k:?} in the query")))?;
+            let key: AmazonS3ConfigKey = k.parse().map_err(|_| bad(format!("unknown S3 setting {k:?} in the query")))?;
             path_style_set |= key == AmazonS3ConfigKey::VirtualHostedStyleRequest;
             builder = builder.with_config(key, v.into_owned());
         }
@@ -103,8 +99,7 @@ impl SnapshotStore {
         // so within a minute, not after object_store's default 3 minutes.
         let retry = RetryConfig { backoff: BackoffConfig::default(), max_retries: 5, retry_timeout: Duration::from_secs(60) };
         let s3 = builder.with_retry(retry).build().map_err(|e| bad(e.to_string()))?;
-        let store: Arc<dyn ObjectStore> =
-            if prefix.is_empty() { Arc::new(s3) } else { Arc::new(PrefixStore::new(s3, prefix.as_str())) };
+        let store: Arc<dyn ObjectStore> = if prefix.is_empty() { Arc::new(s3) } else { Arc::new(PrefixStore::new(s3, prefix.as_str())) };
         let display = format!("s3://{bucket}/{prefix}");
         Ok(SnapshotStore { store, display })
     }
@@ -148,8 +143,9 @@ mod tests {
 
     #[test]
     fn s3_urls_take_their_settings_from_the_query() {
-        let s = SnapshotStore::open("s3://bucket/some/prefix?endpoint=http://127.0.0.1:1&region=eu-west-1&access_key_id=a&secret_access_key=b")
-            .unwrap();
+        let s =
+            SnapshotStore::open("s3://bucket/some/prefix?endpoint=http://127.0.0.1:1&region=eu-west-1&access_key_id=a&secret_access_key=b")
+                .unwrap();
         assert_eq!(s.url(), "s3://bucket/some/prefix");
         let err = SnapshotStore::open("s3://bucket?secret_access_key=hunter2&bogus=1").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "secrets leak into messages: {err}");

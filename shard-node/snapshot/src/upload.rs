@@ -120,10 +120,7 @@ pub async fn create_snapshot(
     // Tells a concurrent prune that chunks are being added (see prune.rs).
     let marker = layout::inflight_key(&target.collection, target.shard, &id);
     let marker_body = format!("{{\"id\":\"{id}\",\"started_at_ms\":{started_ms}}}");
-    objects
-        .put(&marker, PutPayload::from(Bytes::from(marker_body)))
-        .await
-        .map_err(|e| SnapshotError::store("put", &marker, e))?;
+    objects.put(&marker, PutPayload::from(Bytes::from(marker_body))).await.map_err(|e| SnapshotError::store("put", &marker, e))?;
     let result = upload(objects, index, target, &id, started_ms, opts, &progress).await;
     if let Err(e) = objects.delete(&marker).await {
         tracing::warn!(key = %marker, error = %e, "could not remove the in-flight marker; the next prune will");
@@ -221,10 +218,7 @@ async fn upload(
     };
     let key = layout::manifest_key(&target.collection, target.shard, id);
     // The publish: a snapshot exists from this moment on.
-    objects
-        .put(&key, PutPayload::from(manifest.to_json()))
-        .await
-        .map_err(|e| SnapshotError::store("put", &key, e))?;
+    objects.put(&key, PutPayload::from(manifest.to_json())).await.map_err(|e| SnapshotError::store("put", &key, e))?;
     Ok(manifest)
 }
 

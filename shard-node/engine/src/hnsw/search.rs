@@ -214,4 +214,3 @@ pub(crate) fn prefetch(p: *const u8, bytes: usize) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, bytes);
 }
-

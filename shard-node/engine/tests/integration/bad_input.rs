@@ -1,8 +1,6 @@
 //! Bad input gets a precise error and changes nothing.
 
-use shoal_engine::{
-    Batch, Error, Index, IndexParams, InvalidInput, Location, Metric, Op, Point, SearchParams, VectorError,
-};
+use shoal_engine::{Batch, Error, Index, IndexParams, InvalidInput, Location, Metric, Op, Point, SearchParams, VectorError};
 
 use crate::common::{Fixture, random_batch, rng, test_options};
 
@@ -47,7 +45,10 @@ fn wrong_dimension_is_named_with_its_position() {
 fn nan_and_infinity_are_rejected() {
     let e = rejected(Metric::Euclidean, Batch { ops: vec![upsert(1000, vec![0.0, f32::NAN, 0.0, 0.0])], source: None });
     assert!(matches!(e, InvalidInput::Vector { at: Location::Op(0), error: VectorError::NonFinite { index: 1, .. } }));
-    let e = rejected(Metric::Dot, Batch { ops: vec![upsert(1, vec![1.0; 4]), upsert(2, vec![0.0, 0.0, 0.0, f32::NEG_INFINITY])], source: None });
+    let e = rejected(
+        Metric::Dot,
+        Batch { ops: vec![upsert(1, vec![1.0; 4]), upsert(2, vec![0.0, 0.0, 0.0, f32::NEG_INFINITY])], source: None },
+    );
     assert!(matches!(e, InvalidInput::Vector { at: Location::Op(1), error: VectorError::NonFinite { index: 3, .. } }));
 }
 
@@ -117,7 +118,10 @@ fn bad_queries_get_precise_errors() {
         Error::Invalid(e) => e,
         other => panic!("{other}"),
     };
-    assert_eq!(err(&[1.0; 3], 5, 10), InvalidInput::Vector { at: Location::Query, error: VectorError::WrongDimension { expected: 4, got: 3 } });
+    assert_eq!(
+        err(&[1.0; 3], 5, 10),
+        InvalidInput::Vector { at: Location::Query, error: VectorError::WrongDimension { expected: 4, got: 3 } }
+    );
     assert_eq!(err(&[0.0; 4], 5, 10), InvalidInput::Vector { at: Location::Query, error: VectorError::ZeroVector });
     assert_eq!(err(&[1.0; 4], 0, 10), InvalidInput::BadK { k: 0, max: shoal_engine::MAX_K });
     assert_eq!(err(&[1.0; 4], 5, 0), InvalidInput::BadEf { ef: 0, max: shoal_engine::MAX_EF });

@@ -17,12 +17,7 @@ pub(crate) struct Fixture {
 /// hundred lists: test indexes are small, and the default would patch them
 /// in place, leaving the log's read and fold paths untested.
 pub(crate) fn test_options() -> IndexOptions {
-    IndexOptions {
-        build_threads: 2,
-        durable: false,
-        link_log: LinkLog::Always { fold_lists: 400 },
-        ..IndexOptions::default()
-    }
+    IndexOptions { build_threads: 2, durable: false, link_log: LinkLog::Always { fold_lists: 400 }, ..IndexOptions::default() }
 }
 
 impl Fixture {
@@ -60,10 +55,7 @@ pub(crate) fn random_vector(rng: &mut StdRng, dim: usize) -> Vec<f32> {
 /// A batch upserting ids `ids` with random vectors.
 pub(crate) fn random_batch(rng: &mut StdRng, dim: usize, ids: impl IntoIterator<Item = u64>) -> Batch {
     Batch {
-        ops: ids
-            .into_iter()
-            .map(|id| Op::Upsert(Point { id, vector: random_vector(rng, dim), payload: None }))
-            .collect(),
+        ops: ids.into_iter().map(|id| Op::Upsert(Point { id, vector: random_vector(rng, dim), payload: None })).collect(),
         source: None,
     }
 }

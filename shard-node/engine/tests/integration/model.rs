@@ -134,11 +134,7 @@ fn widen(history: History, queries: Vec<Vec<f32>>, times: usize) -> (History, Ve
 /// link log folded after a few to a few hundred lists (every fold point
 /// and a log of many values get tried).
 fn link_log() -> impl Strategy<Value = LinkLog> {
-    prop_oneof![
-        Just(LinkLog::Off),
-        Just(LinkLog::default()),
-        (1usize..300).prop_map(|fold_lists| LinkLog::Always { fold_lists }),
-    ]
+    prop_oneof![Just(LinkLog::Off), Just(LinkLog::default()), (1usize..300).prop_map(|fold_lists| LinkLog::Always { fold_lists }),]
 }
 
 fn check(metric: Metric, link_log: LinkLog, history: History, queries: Vec<Vec<f32>>) {

@@ -43,10 +43,7 @@ fn a_long_search_stops_soon_after_its_deadline_or_flag() {
     eprintln!("full search: {full:?}");
 
     // Already stopped: no work at all.
-    for (stop, deadline_passed) in [
-        (Stop::at(Instant::now()), true),
-        (Stop::never().with_flag(Arc::new(AtomicBool::new(true))), false),
-    ] {
+    for (stop, deadline_passed) in [(Stop::at(Instant::now()), true), (Stop::never().with_flag(Arc::new(AtomicBool::new(true))), false)] {
         let t = Instant::now();
         match fx.index.search_until(&query, sp, &stop) {
             Err(Error::Stopped { deadline_passed: d }) => assert_eq!(d, deadline_passed),

@@ -41,10 +41,7 @@ fn the_engine_does_not_depend_on_tokio() {
 /// allowed, e.g. without root.
 fn small_filesystem(bytes: u64) -> Option<(tempfile::TempDir, Unmount)> {
     let dir = tempfile::tempdir().ok()?;
-    let status = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-        .arg(dir.path())
-        .status();
+    let status = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"]).arg(dir.path()).status();
     match status {
         Ok(s) if s.success() => {
             let path = dir.path().to_owned();

@@ -268,11 +268,7 @@ fn upserts_replace_and_deletes_remove_without_losing_recall() {
 #[test]
 fn a_resize_blocked_by_a_snapshot_fails_the_batch_without_stalling_searches() {
     let mut rng = rng("a_resize_blocked_by_a_snapshot_fails_the_batch_without_stalling_searches");
-    let opts = IndexOptions {
-        initial_map_size: 1 << 20,
-        resize_wait: std::time::Duration::from_millis(1500),
-        ..test_options()
-    };
+    let opts = IndexOptions { initial_map_size: 1 << 20, resize_wait: std::time::Duration::from_millis(1500), ..test_options() };
     let fx = std::sync::Arc::new(Fixture::with(IndexParams::new(64, Metric::Cosine), opts));
     fx.index.apply(random_batch(&mut rng, 64, 0..100)).unwrap();
     let snapshot = fx.index.snapshot().unwrap();
@@ -306,7 +302,8 @@ fn a_resize_blocked_by_a_snapshot_fails_the_batch_without_stalling_searches() {
 fn without_room_in_the_shared_cache_results_are_the_same() {
     let mut rng = rng("without_room_in_the_shared_cache_results_are_the_same");
     let a = Fixture::new(16, Metric::Euclidean);
-    let b = Fixture::with(IndexParams::new(16, Metric::Euclidean), IndexOptions { shared_cache_bytes: 0, build_threads: 1, ..test_options() });
+    let b =
+        Fixture::with(IndexParams::new(16, Metric::Euclidean), IndexOptions { shared_cache_bytes: 0, build_threads: 1, ..test_options() });
     let a1 = Fixture::with(IndexParams::new(16, Metric::Euclidean), IndexOptions { build_threads: 1, ..test_options() });
     for round in 0..4u64 {
         let batch = random_batch(&mut rng, 16, round * 500..round * 500 + 500);

@@ -35,9 +35,7 @@ pub(crate) fn s3_url(test: &str) -> Option<String> {
     let prefix = format!("{test}-{:016x}", rand::random::<u64>());
     // The test server accepts any credentials; passing them here keeps the
     // client from looking for real ones.
-    Some(format!(
-        "s3://{bucket}/{prefix}?endpoint={endpoint}&region=us-east-1&access_key_id=testing&secret_access_key=testing"
-    ))
+    Some(format!("s3://{bucket}/{prefix}?endpoint={endpoint}&region=us-east-1&access_key_id=testing&secret_access_key=testing"))
 }
 
 pub(crate) fn rng(test: &str) -> StdRng {
@@ -75,7 +73,13 @@ pub(crate) fn small_chunks() -> SnapshotOptions {
 }
 
 pub(crate) fn restore_options() -> RestoreOptions {
-    RestoreOptions { concurrency: 4, engine: engine_options(), transfer: TransferOptions::default(), check_free_space: true, direct_io: true }
+    RestoreOptions {
+        concurrency: 4,
+        engine: engine_options(),
+        transfer: TransferOptions::default(),
+        check_free_space: true,
+        direct_io: true,
+    }
 }
 
 pub(crate) fn progress(op: Operation) -> Arc<Progress> {

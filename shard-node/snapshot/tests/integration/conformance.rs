@@ -128,9 +128,8 @@ async fn prune_keeps_the_last_snapshots_and_every_chunk_they_name() {
         for round in 0..3u64 {
             let (batch, _) = batch(&mut rng, 16, 10_000 + round * 50..10_050 + round * 50, 100 + round);
             index.apply(batch).unwrap();
-            let m = create_snapshot(&b.store, Arc::clone(&index), &one_shard, &small_chunks(), progress(Operation::Snapshot))
-                .await
-                .unwrap();
+            let m =
+                create_snapshot(&b.store, Arc::clone(&index), &one_shard, &small_chunks(), progress(Operation::Snapshot)).await.unwrap();
             manifests.push(m);
         }
         // The snapshots share most chunks.
@@ -142,12 +141,18 @@ async fn prune_keeps_the_last_snapshots_and_every_chunk_they_name() {
         put_object(objects, &chunk_key(&"f".repeat(64)), Bytes::from_static(b"junk"), &TransferOptions::default()).await.unwrap();
         // Another collection's snapshot shares chunks too and must survive.
         let other = SnapshotTarget { collection: "other".into(), shard: 0, shard_count: 1, id: None };
-        let kept_other = create_snapshot(&b.store, Arc::clone(&index), &other, &small_chunks(), progress(Operation::Snapshot)).await.unwrap();
+        let kept_other =
+            create_snapshot(&b.store, Arc::clone(&index), &other, &small_chunks(), progress(Operation::Snapshot)).await.unwrap();
 
         // A snapshot in progress (a fresh marker) defers the chunk pass.
-        put_object(objects, &object_store::path::Path::from("inflight/docs.0.x.json"), Bytes::from_static(b"{}"), &TransferOptions::default())
-            .await
-            .unwrap();
+        put_object(
+            objects,
+            &object_store::path::Path::from("inflight/docs.0.x.json"),
+            Bytes::from_static(b"{}"),
+            &TransferOptions::default(),
+        )
+        .await
+        .unwrap();
         let report = prune(&b.store, "docs", None, 1, Duration::from_secs(3600)).await.unwrap();
         assert_eq!(report.deleted_snapshots.len(), 2, "{}: {report:?}", b.name);
         assert!(report.chunk_pass_skipped.as_deref().is_some_and(|r| r.contains("in progress")), "{report:?}");
@@ -158,8 +163,7 @@ async fn prune_keeps_the_last_snapshots_and_every_chunk_they_name() {
         assert_eq!(report.chunk_pass_skipped, None, "{report:?}");
         assert!(report.deleted_chunks >= 1, "{}: {report:?}", b.name);
         let only_old: usize = {
-            let keep: std::collections::HashSet<_> =
-                manifests[2].chunks.iter().chain(&kept_other.chunks).map(|c| c.hash.clone()).collect();
+            let keep: std::collections::HashSet<_> = manifests[2].chunks.iter().chain(&kept_other.chunks).map(|c| c.hash.clone()).collect();
             let old: std::collections::HashSet<_> =
                 manifests[..2].iter().flat_map(|m| &m.chunks).map(|c| c.hash.clone()).filter(|h| !keep.contains(h)).collect();
             old.len()
@@ -172,9 +176,7 @@ async fn prune_keeps_the_last_snapshots_and_every_chunk_they_name() {
         for (collection, shard, id) in [("docs", 0, &manifests[2].id), ("other", 0, &kept_other.id)] {
             let dest = tempfile::tempdir().unwrap();
             let src = RestoreSource { collection: collection.into(), shard, id: id.clone() };
-            restore_to_staging(&b.store, &src, &dest.path().join("s"), &restore_options(), progress(Operation::Restore))
-                .await
-                .unwrap();
+            restore_to_staging(&b.store, &src, &dest.path().join("s"), &restore_options(), progress(Operation::Restore)).await.unwrap();
         }
         let zero = prune(&b.store, "docs", None, 0, Duration::ZERO).await;
         assert!(matches!(zero, Err(SnapshotError::Invalid(_))), "{zero:?}");

@@ -75,7 +75,9 @@ async fn damaged_snapshots_fail_precisely_and_change_nothing() {
     let mut rng = rng("damaged_snapshots_fail_precisely_and_change_nothing");
     let src_dir = tempfile::tempdir().unwrap();
     let source = index_with(&mut rng, src_dir.path(), 16, 1500);
-    for how in [Damage::FlipByte, Damage::Truncate, Damage::DeleteChunk, Damage::DeleteManifest, Damage::FutureVersion, Damage::GarbageManifest] {
+    for how in
+        [Damage::FlipByte, Damage::Truncate, Damage::DeleteChunk, Damage::DeleteManifest, Damage::FutureVersion, Damage::GarbageManifest]
+    {
         for b in backends("damaged_snapshots_fail_precisely_and_change_nothing") {
             let target = SnapshotTarget { collection: "docs".into(), shard: 0, shard_count: 1, id: None };
             let m = create_snapshot(&b.store, Arc::clone(&source), &target, &small_chunks(), progress(Operation::Snapshot)).await.unwrap();
