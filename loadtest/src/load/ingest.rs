@@ -65,7 +65,7 @@ pub(crate) struct IngestFlags {
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     #[serde(serialize_with = "ser_secs")]
     pub(crate) ack_timeout: Duration,
-    /// Sources are named PREFIX-0, PREFIX-1, ... (default: lt-<unix time>).
+    /// Sources are named PREFIX-0, PREFIX-1, ... (default: `lt-<unix time>`).
     #[arg(long)]
     pub(crate) source_prefix: Option<String>,
 }

@@ -44,7 +44,7 @@ pub(crate) struct Args {
     /// Ingest: vectors per second across the streams (default: flat out).
     #[arg(long, value_name = "VECTORS_PER_S")]
     pub(crate) ingest_rate: Option<f64>,
-    /// Ingest sources are PREFIX-0, ... (default: lt-<unix time>).
+    /// Ingest sources are PREFIX-0, ... (default: `lt-<unix time>`).
     #[arg(long)]
     pub(crate) source_prefix: Option<String>,
     /// Queries: open loop at this rate (0: no queries).
