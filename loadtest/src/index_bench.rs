@@ -38,6 +38,10 @@ pub(crate) struct Args {
     /// Comma-separated search ef values.
     #[arg(long, default_value = "16,32,64,128,256", value_delimiter = ',')]
     ef: Vec<usize>,
+    /// Also search on this many threads at once (each runs every query),
+    /// the engine's throughput to hold a cluster's against (`qps_threads`).
+    #[arg(long, default_value_t = 1)]
+    search_threads: usize,
     #[arg(long, default_value_t = 10_000)]
     batch_size: usize,
     /// Use only the first N base vectors (exact ground truth is computed).
@@ -185,8 +189,23 @@ pub(crate) fn run(a: Args) -> Result<()> {
         let dt = t.elapsed().as_secs_f64();
         let recall = hits as f64 / (K * queries.len()) as f64;
         let qps = queries.len() as f64 / dt;
-        eprintln!("ef={ef:<4} recall@{K}={recall:.4} qps={qps:.0}");
-        search.push(json!({"ef": ef, "recall": round(recall, 4), "qps": round(qps, 1)}));
+        let mut entry = json!({"ef": ef, "recall": round(recall, 4), "qps": round(qps, 1)});
+        if a.search_threads > 1 {
+            let t = Instant::now();
+            std::thread::scope(|scope| {
+                let runs: Vec<_> =
+                    (0..a.search_threads).map(|_| scope.spawn(|| queries.iter().try_for_each(|q| index.search(q, sp).map(drop)))).collect();
+                runs.into_iter()
+                    .try_for_each(|r| r.join().map_err(|_| anyhow::anyhow!("a search thread panicked"))?.map_err(anyhow::Error::from))
+            })?;
+            let qps_threads = (a.search_threads * queries.len()) as f64 / t.elapsed().as_secs_f64();
+            eprintln!("ef={ef:<4} recall@{K}={recall:.4} qps={qps:.0} qps on {} threads={qps_threads:.0}", a.search_threads);
+            entry["qps_threads"] = json!(round(qps_threads, 1));
+            entry["search_threads"] = json!(a.search_threads);
+        } else {
+            eprintln!("ef={ef:<4} recall@{K}={recall:.4} qps={qps:.0}");
+        }
+        search.push(entry);
     }
     let unaligned = index.snapshot()?.unaligned_vectors();
     drop(index);

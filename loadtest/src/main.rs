@@ -11,6 +11,7 @@ mod hardening;
 mod index_bench;
 mod load;
 mod memory;
+mod otlp_sink;
 mod slowfs;
 mod snapshot_bench;
 mod synth;
@@ -55,6 +56,9 @@ enum Command {
     /// Ingest, queries, upserts and deletes at once, each at its own rate
     /// (docs/loadtest.md).
     Mixed(load::mixed::Args),
+    /// An OTLP/gRPC collector that only counts what it receives (to
+    /// measure the cost of exporting telemetry).
+    OtlpSink(otlp_sink::Args),
     /// Mount a FUSE passthrough that adds latency to every read (a
     /// simulated network disk).
     Slowfs(slowfs::Args),
@@ -79,6 +83,7 @@ fn main() -> anyhow::Result<()> {
         Command::Slowfs(a) => slowfs::run(a),
         Command::Synth(a) => synth::run(a),
         Command::Hardening(a) => hardening::run(a),
+        Command::OtlpSink(a) => otlp_sink::run(a),
         Command::Ingest(a) => load::ingest::run(a),
         Command::Query(a) => load::query::run(a),
         Command::Mixed(a) => load::mixed::run(a),

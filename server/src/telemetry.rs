@@ -43,6 +43,7 @@ pub struct TelemetryConfig {
     /// sampled `traceparent` is always followed, an unsampled one never.
     pub sampling_ratio: f64,
     /// Serve Prometheus metrics at `/metrics` on the gRPC port (HTTP/1.1).
+    /// Off and not exporting over OTLP: metrics are not recorded at all.
     pub metrics: bool,
     /// How often metrics are pushed over OTLP, when they are.
     pub metrics_export_interval_ms: u64,
@@ -112,9 +113,11 @@ fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
 
     let registry = prometheus::Registry::new();
     let mut meters = SdkMeterProvider::builder().with_resource(resource.clone());
-    match opentelemetry_prometheus::exporter().with_registry(registry.clone()).build() {
-        Ok(reader) => meters = meters.with_reader(reader),
-        Err(e) => problems.push(format!("no Prometheus metrics: {e}")),
+    if cfg.metrics {
+        match opentelemetry_prometheus::exporter().with_registry(registry.clone()).build() {
+            Ok(reader) => meters = meters.with_reader(reader),
+            Err(e) => problems.push(format!("no Prometheus metrics: {e}")),
+        }
     }
     let mut tracer = None;
     if let Some(ep) = &endpoint {
@@ -147,8 +150,12 @@ fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
         }
     }
     let meter = meters.build();
-    opentelemetry::global::set_meter_provider(meter.clone());
-    crate::process_metrics::register(&opentelemetry::global::meter("shoal"));
+    // With nothing to read them (no /metrics, no OTLP) the instruments stay
+    // the global no-ops: recording costs nothing.
+    if cfg.metrics || endpoint.is_some() {
+        opentelemetry::global::set_meter_provider(meter.clone());
+        crate::process_metrics::register(&opentelemetry::global::meter("shoal"));
+    }
 
     // Events only: were the request spans enabled for the log layer, every
     // request would pay for formatting their fields, exported or not. Log
@@ -158,14 +165,21 @@ fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(level.and(tracing_subscriber::filter::filter_fn(|m| m.is_event())));
-    let spans = tracer.as_ref().map(|provider| {
-        let tracer = provider.tracer(service.to_owned());
-        // The engine's spans of a batch's phases are at debug level: they
-        // are what an operator opens a slow batch's trace for.
-        tracing_opentelemetry::layer().with_tracer(tracer).with_filter(EnvFilter::new("info,shoal_engine=debug"))
-    });
     // Another subscriber may be installed already (a test's): keep it.
-    let _ = tracing_subscriber::registry().with(logs).with(spans).try_init();
+    // Without a tracer no span layer is added at all, not even an empty
+    // `Option`: tracing-subscriber treats a `None` layer as interested in
+    // everything, and every request's spans would be built for nobody.
+    let _ = match &tracer {
+        Some(provider) => {
+            // The engine's spans of a batch's phases are at debug level:
+            // they are what an operator opens a slow batch's trace for.
+            let spans = tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer(service.to_owned()))
+                .with_filter(EnvFilter::new("info,shoal_engine=debug"));
+            tracing_subscriber::registry().with(logs).with(spans).try_init()
+        }
+        None => tracing_subscriber::registry().with(logs).try_init(),
+    };
     for p in problems {
         tracing::warn!("telemetry: {p}");
     }

@@ -67,11 +67,22 @@ pub struct NodeLimits {
     /// Searches computing at once; more wait for a slot (until their
     /// deadline). 0: twice the CPUs.
     pub max_concurrent_searches: usize,
+    /// Searches of at most this much work (queries × ef) run on the
+    /// request's own task instead of the blocking pool, where the handoff
+    /// would cost more than the search; 0 sends every search to the pool.
+    pub inline_search_work: u64,
 }
 
 impl Default for NodeLimits {
     fn default() -> Self {
-        NodeLimits { max_shards: 1024, max_shards_per_collection: 1024, max_queries: 1024, max_hits: 1_000_000, max_concurrent_searches: 0 }
+        NodeLimits {
+            max_shards: 1024,
+            max_shards_per_collection: 1024,
+            max_queries: 1024,
+            max_hits: 1_000_000,
+            max_concurrent_searches: 0,
+            inline_search_work: 256,
+        }
     }
 }
 

@@ -25,6 +25,9 @@ pub(crate) struct Searches {
     slots: Arc<Semaphore>,
     max_queries: usize,
     max_hits: u64,
+    /// Searches up to this much work (queries × ef) run on the request's
+    /// own task.
+    inline_work: u64,
     /// Largest answer that fits in one gRPC message, with room for framing.
     max_answer_bytes: usize,
 }
@@ -91,6 +94,7 @@ impl Searches {
             slots: Arc::new(Semaphore::new(limits.concurrent_searches().max(1))),
             max_queries: limits.max_queries.max(1),
             max_hits: limits.max_hits.max(1),
+            inline_work: limits.inline_search_work,
             max_answer_bytes: max_message_bytes.saturating_sub(1024),
         }
     }
@@ -111,12 +115,20 @@ impl Searches {
         };
         let max_answer_bytes = self.max_answer_bytes;
         let large = checked.queries.len() as u64 * checked.params.k as u64 >= LARGE_SEARCH_HITS;
-        let span = tracing::Span::current();
-        let answered = blocking(move || {
+        let work = checked.queries.len() as u64 * checked.params.ef as u64;
+        let answered = if work <= self.inline_work {
+            // A small search takes less time than handing it to a blocking
+            // thread and back (a futex wake and two context switches).
             let _slot = slot;
-            span.in_scope(|| answer(&index, &checked, &caller, max_answer_bytes))
-        })
-        .await;
+            answer(&index, &checked, &caller, max_answer_bytes)
+        } else {
+            let span = tracing::Span::current();
+            blocking(move || {
+                let _slot = slot;
+                span.in_scope(|| answer(&index, &checked, &caller, max_answer_bytes))
+            })
+            .await
+        };
         if large {
             // Its answer is freed once sent, or already was if it stopped.
             crate::memory::return_free_memory_soon();

@@ -25,6 +25,7 @@ async fn run(args: &[&str]) -> anyhow::Result<Report> {
         | Command::DiskCompare(_)
         | Command::Synth(_)
         | Command::Hardening(_)
+        | Command::OtlpSink(_)
         | Command::Slowfs(_) => anyhow::bail!("not a load command"),
     }
 }

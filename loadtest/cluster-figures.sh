@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The cluster figures of issue 18 on ../shared/datasets/pypi, separate
+# processes over loopback (a coordinator and 3 shard nodes, or 1), driven
+# by `shoal-loadtest`:
+#
+#   1. the engine alone: search QPS on 2 threads per ef (the yardstick);
+#   2. sustained ingest with 3 streams into 3 shard nodes;
+#   3. recall per ef through the 3-shard and the 1-shard cluster (closed
+#      loop), and the smallest ef that reaches recall@10 >= 0.95 for each;
+#   4. open-loop rate ladders at that ef: the rate each holds with
+#      p99 <= 10 ms, and the 3-shard p99 against the 1-shard p99 at equal
+#      rates (the price of scatter-gather);
+#   5. the cost of telemetry: closed-loop QPS of the 3-shard cluster with
+#      the defaults (Prometheus metrics, no export), with metrics off, and
+#      with traces exported at 1% to a counting OTLP sink, in interleaved
+#      rounds (the machine is noisy).
+#
+# Usage: loadtest/cluster-figures.sh [OUT_DIR]   (default bench-out/cluster)
+# Needs: cargo build --release -p loadtest -p shoal-shard-node -p shoal-coordinator
+#        ../shared/datasets/pypi/make.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-bench-out/cluster}
+bin=${CARGO_TARGET_DIR:-target}/release
+lt=$bin/shoal-loadtest
+ds=${DATASET:-../shared/datasets/pypi}
+efs=${EFS:-24,32,40,48,56,64,72,80,96}
+rates=${RATES:-500,1000,1500,2000,2500,3000}
+rounds=${ROUNDS:-3}
+mkdir -p "$out"
+data=$(mktemp -d)
+pids=()
+log() { printf '== %s\n' "$*" >&2; }
+
+stop_cluster() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+trap 'stop_cluster; rm -rf "$data"' EXIT
+
+wait_port() {
+  for _ in $(seq 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "nothing listens on port $1" >&2
+  return 1
+}
+
+# start_cluster NODES [KEY=VALUE ...]: shard nodes on 7801.., coordinator
+# on 7800, data kept in $data/NODES between starts.
+start_cluster() {
+  local n=$1
+  shift
+  local nodes=()
+  for ((i = 0; i < n; i++)); do
+    env "$@" "$bin/shoal-shard-node" --node-id "shard-$i" --listen "127.0.0.1:$((7801 + i))" \
+      --data-dir "$data/$n/shard-$i" >>"$out/shard-$n-$i.log" 2>&1 &
+    pids+=($!)
+    nodes+=(--shard-node "shard-$i=127.0.0.1:$((7801 + i))")
+  done
+  for ((i = 0; i < n; i++)); do wait_port $((7801 + i)); done
+  env "$@" "$bin/shoal-coordinator" --listen 127.0.0.1:7800 "${nodes[@]}" >>"$out/coordinator-$n.log" 2>&1 &
+  pids+=($!)
+  wait_port 7800
+  sleep 1
+}
+
+q() { # q NAME ARGS...: a query run against the cluster on 7800
+  local name=$1
+  shift
+  "$lt" query --coordinator http://127.0.0.1:7800 --collection pypi --preload 0 \
+    --query "$ds/query.fvecs" --groundtruth "$ds/groundtruth.ivecs" --k 10 --no-progress \
+    --json "$out/$name.json" "$@" | grep -E 'ok/s' | sed "s/^/$name: /"
+}
+
+# The smallest ef of a sweep report with recall >= 0.95.
+ef_for_recall() {
+  python3 - "$1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for p in r["phases"]:
+    if (p.get("recall") or {}).get("mean", 0) >= 0.95:
+        print(p["params"]["ef"]); break
+else:
+    print(max(p["params"]["ef"] for p in r["phases"]))
+PY
+}
+
+log "1. the engine alone, 2 search threads"
+"$lt" index-bench --base "$ds/base.fvecs" --query "$ds/query.fvecs" --groundtruth "$ds/groundtruth.ivecs" \
+  --metric cosine --m 16 --ef-construction 100 --threads 2 --ef "$efs" --search-threads 2 --no-incremental \
+  --json "$out/engine.json" 2>&1 | grep -E '^ef='
+
+for n in 3 1; do
+  log "2. ingest with 3 streams into $n shard node(s)"
+  start_cluster $n
+  "$lt" ingest --coordinator http://127.0.0.1:7800 --collection pypi --create --shards $n \
+    --base "$ds/base.fvecs" --streams 3 --batch 1000 --no-progress --json "$out/ingest-$n.json" | grep -E 'vectors/s'
+  log "3. recall per ef through $n shard(s), closed loop, 8 clients"
+  q "sweep-$n" --clients 8 --ef "$efs" --duration 8s
+  ef=$(ef_for_recall "$out/sweep-$n.json")
+  echo "$n shard(s): ef $ef reaches recall@10 >= 0.95" | tee "$out/ef-$n.txt"
+  log "4. open-loop ladder at ef $ef through $n shard(s)"
+  IFS=, read -ra rs <<<"$rates"
+  for r in "${rs[@]}"; do
+    q "open-$n-$r" --rate "$r" --max-in-flight 1024 --ef "$ef" --duration 15s --timeout-ms 2000
+  done
+  stop_cluster
+done
+
+log "5. the cost of telemetry, $rounds interleaved rounds, 3 shards, closed loop"
+ef=$(cat "$out/ef-3.txt" | grep -oE 'ef [0-9]+' | grep -oE '[0-9]+')
+"$lt" otlp-sink --listen 127.0.0.1:4317 >"$out/otlp-sink.log" 2>&1 &
+sink=$!
+wait_port 4317
+for ((round = 1; round <= rounds; round++)); do
+  start_cluster 3
+  q "telemetry-default-$round" --clients 8 --ef "$ef" --duration 15s
+  stop_cluster
+  start_cluster 3 SHOAL_SHARD_TELEMETRY__METRICS=false SHOAL_COORD_TELEMETRY__METRICS=false
+  q "telemetry-nometrics-$round" --clients 8 --ef "$ef" --duration 15s
+  stop_cluster
+  start_cluster 3 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 \
+    SHOAL_SHARD_TELEMETRY__SAMPLING_RATIO=0.01 SHOAL_COORD_TELEMETRY__SAMPLING_RATIO=0.01
+  q "telemetry-traced-$round" --clients 8 --ef "$ef" --duration 15s
+  stop_cluster
+done
+kill -INT "$sink" && wait "$sink" || true
+cat "$out/otlp-sink.log"
+log "reports in $out"
