@@ -17,9 +17,9 @@ use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
 use tracing::Instrument;
 
 use crate::client::{PeerSettings, ShardClient};
+use crate::legacy_metadata::{Collection, MetadataStore, place};
 use crate::liveness::Liveness;
 use crate::merge::merge_top_k;
-use crate::metadata::{Collection, MetadataStore, place};
 use crate::routing::{Part, group_ids, split};
 use crate::validate::{self, Limits};
 

@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use crate::client::ShardClient;
 use crate::cluster::{Cluster, ClusterOptions};
 use crate::config::{CoordinatorConfig, url};
-use crate::metadata::{InMemoryMetadata, Member};
+use crate::legacy_metadata::{InMemoryMetadata, Member};
 use crate::service::ShoalService;
 
 /// A coordinator that is serving.

@@ -9,7 +9,7 @@ use futures::future::join_all;
 use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
 
 use crate::cluster::{Cluster, retry_hint};
-use crate::metadata::{Collection, place};
+use crate::legacy_metadata::{Collection, place};
 
 /// Snapshots and restores move whole shards; they get a day, not the
 /// seconds a search gets.

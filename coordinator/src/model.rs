@@ -1,0 +1,182 @@
+//! The coordinator's own view of the cluster, in its own types: what a
+//! collection is, where its shards live, what a member node is. Wire types
+//! (`v1::`) stop at the edges (`conversions.rs`, the shard clients), so the
+//! control plane can change how placement is kept without touching the
+//! protocol, and the protocol can grow without reshaping the control plane.
+
+use std::fmt;
+
+use shoal_proto::{CollectionName, NodeId, ShoalError};
+
+/// How closeness is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Metric {
+    Cosine,
+    Dot,
+    Euclidean,
+}
+
+impl Metric {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Metric::Cosine => "cosine",
+            Metric::Dot => "dot",
+            Metric::Euclidean => "euclidean",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Metric, ShoalError> {
+        match s.to_ascii_lowercase().as_str() {
+            "cosine" => Ok(Metric::Cosine),
+            "dot" => Ok(Metric::Dot),
+            "euclidean" | "l2" => Ok(Metric::Euclidean),
+            _ => Err(ShoalError::invalid(format!("metric {s:?} is not one of cosine, dot, euclidean"))),
+        }
+    }
+}
+
+impl fmt::Display for Metric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// HNSW parameters; 0 means the engine's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IndexParams {
+    pub m: u32,
+    pub ef_construction: u32,
+}
+
+/// What every shard of a collection is made with. Fixed at creation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CollectionSpec {
+    pub dimension: u32,
+    pub metric: Metric,
+    pub index: IndexParams,
+    pub shard_count: u32,
+}
+
+/// Where one shard lives.
+///
+/// `replicas` holds the nodes with a copy (one until replication lands);
+/// `epoch` counts ownership changes: every move bumps it in the same
+/// transaction that switches the replicas, and shard nodes refuse writes
+/// stamped with an older one, so a coordinator that has not yet seen a
+/// move cannot write to the copy that was moved away.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardPlacement {
+    pub replicas: Vec<NodeId>,
+    pub epoch: u64,
+}
+
+impl ShardPlacement {
+    pub fn on(node: NodeId) -> Self {
+        ShardPlacement { replicas: vec![node], epoch: 1 }
+    }
+
+    /// The node that takes this shard's reads and writes.
+    pub fn node(&self) -> &NodeId {
+        // Placement always names at least one replica: `Collection::check`
+        // refuses one that does not, and every constructor gives one.
+        &self.replicas[0]
+    }
+
+    pub fn holds(&self, node: &NodeId) -> bool {
+        self.replicas.contains(node)
+    }
+}
+
+/// A collection and where each of its shards lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Collection {
+    pub name: CollectionName,
+    pub spec: CollectionSpec,
+    /// Shard i at index i.
+    pub shards: Vec<ShardPlacement>,
+}
+
+impl Collection {
+    pub fn shard_count(&self) -> u32 {
+        self.shards.len() as u32
+    }
+
+    /// The node serving shard `i` (which must exist).
+    pub fn node_of(&self, shard: u32) -> &NodeId {
+        self.shards[shard as usize].node()
+    }
+
+    /// The invariants every stored collection keeps: one placement per
+    /// shard, each naming at least one node, no node twice.
+    pub fn check(&self) -> Result<(), String> {
+        if self.spec.shard_count == 0 || self.shards.len() != self.spec.shard_count as usize {
+            return Err(format!("{} placements for {} shards", self.shards.len(), self.spec.shard_count));
+        }
+        for (i, s) in self.shards.iter().enumerate() {
+            if s.replicas.is_empty() {
+                return Err(format!("shard {i} is placed on no node"));
+            }
+            if (1..s.replicas.len()).any(|j| s.replicas[..j].contains(&s.replicas[j])) {
+                return Err(format!("shard {i} names a node twice"));
+            }
+            if s.epoch == 0 {
+                return Err(format!("shard {i} has epoch 0"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a node says about itself when it registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeState {
+    /// Takes new shards.
+    Serving,
+    /// Its shards are being moved elsewhere; takes no new ones.
+    Draining,
+    /// Holds nothing any more; safe to stop.
+    Removable,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Serving => "serving",
+            NodeState::Draining => "draining",
+            NodeState::Removable => "removable",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<NodeState> {
+        match s {
+            "serving" => Some(NodeState::Serving),
+            "draining" => Some(NodeState::Draining),
+            "removable" => Some(NodeState::Removable),
+            _ => None,
+        }
+    }
+}
+
+/// Room a node has left, as it last reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capacity {
+    pub disk_free_bytes: u64,
+    pub shards: u32,
+}
+
+/// A shard node of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub id: NodeId,
+    /// `http://host:port`.
+    pub address: String,
+    pub state: NodeState,
+    pub capacity: Capacity,
+}
+
+impl Member {
+    /// A member known from static configuration: serving, capacity unknown.
+    pub fn configured(id: NodeId, address: String) -> Self {
+        Member { id, address, state: NodeState::Serving, capacity: Capacity::default() }
+    }
+}
