@@ -17,9 +17,11 @@ use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
 use tracing::Instrument;
 
 use crate::client::{PeerSettings, ShardClient};
-use crate::legacy_metadata::{Collection, MetadataStore, place};
-use crate::liveness::Liveness;
+use crate::conversions::collection_info as info;
 use crate::merge::merge_top_k;
+use crate::metadata::{MetaError, MetadataStore, Versioned, place};
+use crate::model::{Collection, CollectionSpec, IndexParams, Metric, ShardPlacement};
+use crate::pool::{Connector, ShardPool};
 use crate::routing::{Part, group_ids, split};
 use crate::validate::{self, Limits};
 
@@ -70,17 +72,14 @@ pub(crate) struct Gathered<T> {
 /// The cluster as one coordinator sees it.
 pub struct Cluster {
     pub(crate) meta: Arc<dyn MetadataStore>,
-    clients: HashMap<NodeId, ShardClient>,
-    liveness: Arc<Liveness>,
-    probers: Vec<tokio::task::JoinHandle<()>>,
+    pool: Arc<ShardPool>,
+    follower: tokio::task::JoinHandle<()>,
     opts: ClusterOptions,
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for p in &self.probers {
-            p.abort();
-        }
+        self.follower.abort();
     }
 }
 
@@ -98,40 +97,42 @@ pub fn bounded(default: Duration, caller: Option<Duration>) -> Duration {
 }
 
 impl Cluster {
-    /// A cluster view over `clients`, probing their health in the
-    /// background (so it must be made inside a tokio runtime).
-    pub fn new(meta: Arc<dyn MetadataStore>, clients: HashMap<NodeId, ShardClient>, opts: ClusterOptions) -> Self {
-        let liveness = Arc::new(Liveness::new(clients.keys().cloned()));
-        liveness.export_gauge();
-        let probers = liveness.spawn_probers(
-            clients.clone(),
-            Duration::from_millis(opts.peers.probe_interval_ms.max(1)),
-            Duration::from_millis(opts.peers.probe_timeout_ms.max(1)),
-        );
-        Cluster { meta, clients, liveness, probers, opts }
+    /// A cluster served from `meta`'s view, with a client (made by
+    /// `connector`) and a health prober for every member it lists, now and
+    /// as membership changes (so it must be made inside a tokio runtime).
+    pub fn new(meta: Arc<dyn MetadataStore>, connector: Box<dyn Connector>, opts: ClusterOptions) -> Self {
+        let pool = Arc::new(ShardPool::new(connector, &opts.peers));
+        let follower = pool.follow(meta.watch());
+        Cluster { meta, pool, follower, opts }
     }
 
     pub fn options(&self) -> &ClusterOptions {
         &self.opts
     }
 
-    pub(crate) fn client(&self, node: &NodeId) -> Result<&ShardClient, ShoalError> {
-        self.clients.get(node).ok_or_else(|| ShoalError::internal(format!("node {node} is not a member")))
+    pub(crate) fn client(&self, node: &NodeId) -> Result<ShardClient, ShoalError> {
+        self.pool.get(node)
     }
 
     /// Runs `call` against `node`, unless the node is marked down; ends it
     /// early if the node is marked down meanwhile.
     pub(crate) async fn on_node<T>(&self, node: &NodeId, call: impl Future<Output = Result<T, ShoalError>>) -> Result<T, ShoalError> {
-        self.liveness.check(node)?;
+        let liveness = self.pool.liveness();
+        liveness.check(node)?;
         tokio::select! {
             r = call => r,
-            e = self.liveness.down(node) => Err(e),
+            e = liveness.down(node) => Err(e),
         }
     }
 
     pub(crate) fn collection(&self, name: &str) -> Result<Collection, ShoalError> {
+        self.versioned(name).map(|v| v.value)
+    }
+
+    /// The collection as last seen, with the revision to base a change on.
+    pub(crate) fn versioned(&self, name: &str) -> Result<Versioned<Collection>, ShoalError> {
         let name = CollectionName::parse(name)?;
-        self.meta.collection(&name).ok_or_else(|| ShoalError::not_found(format!("collection {name} does not exist")))
+        self.meta.view().collection(&name).cloned().ok_or_else(|| ShoalError::not_found(format!("collection {name} does not exist")))
     }
 
     pub(crate) fn shard_id(c: &Collection, shard: u32) -> Option<v1::ShardId> {
@@ -142,7 +143,8 @@ impl Cluster {
     /// nodes that could not be asked (their shards are unknown until a
     /// later call).
     pub async fn discover(&self) -> Vec<(NodeId, ShoalError)> {
-        let members = self.meta.members();
+        let view = self.meta.view();
+        let members: Vec<&crate::model::Member> = view.members.values().collect();
         let replies = join_all(members.iter().map(|m| async move {
             let c = self.client(&m.id)?;
             c.list_shards(v1::ListShardsRequest {}, Duration::from_secs(5)).await
@@ -171,8 +173,18 @@ impl Cluster {
                 tracing::warn!(collection = %name, have = shards.len(), want = count, "collection incomplete; not served yet");
                 continue;
             }
-            let placement = (0..count).map(|i| shards[&i].clone()).collect();
-            self.meta.insert_collection(Collection { name, spec, placement });
+            let spec = match CollectionSpec::try_from(spec) {
+                Ok(spec) => spec,
+                Err(e) => {
+                    tracing::warn!(collection = %name, error = %e, "shards with a spec this coordinator cannot read; not served");
+                    continue;
+                }
+            };
+            let shards = (0..count).map(|i| ShardPlacement::on(shards[&i].clone())).collect();
+            match self.meta.create_collection(Collection { name: name.clone(), spec, shards }).await {
+                Ok(_) | Err(MetaError::AlreadyExists(_)) => {}
+                Err(e) => tracing::warn!(collection = %name, error = %e, "could not record a collection found on the nodes"),
+            }
         }
         failed
     }
@@ -183,9 +195,7 @@ impl Cluster {
         if dimension == 0 || dimension > 65_536 {
             return Err(ShoalError::invalid(format!("dimension must be 1 to 65536, got {dimension}")));
         }
-        if !matches!(v1::Metric::try_from(metric), Ok(v1::Metric::Cosine | v1::Metric::Dot | v1::Metric::Euclidean)) {
-            return Err(ShoalError::invalid(format!("metric {metric} is not one of COSINE, DOT, EUCLIDEAN")));
-        }
+        let metric = Metric::try_from(metric)?;
         let shard_count = if shard_count == 0 { self.opts.default_shards } else { shard_count };
         let max_shards = self.opts.limits.max_shards_per_collection;
         if shard_count > max_shards {
@@ -194,58 +204,62 @@ impl Cluster {
                  {shard_count} were asked for"
             )));
         }
-        if self.meta.collection(&name).is_some() {
+        let view = self.meta.view();
+        if view.collection(&name).is_some() {
             return Err(ShoalError::already_exists(format!("collection {name} already exists")));
         }
-        let members = self.meta.members();
-        if members.is_empty() {
-            return Err(ShoalError::unavailable("the cluster has no shard nodes", Duration::from_secs(5)));
+        let spec = CollectionSpec { dimension, metric, index: IndexParams::from(index), shard_count };
+        let placement = place(shard_count, view.members.values(), view.collections.values().map(|v| &v.value));
+        if placement.len() < shard_count as usize {
+            return Err(ShoalError::unavailable("the cluster has no shard node that takes new shards", Duration::from_secs(5)));
         }
-        let spec = v1::ShardSpec { dimension, metric, index, shard_count };
-        let placement = place(shard_count, &members, &self.meta.collections());
         // All or nothing: a node known to be down would fail its part.
-        if let Some(e) = placement.iter().find_map(|n| self.liveness.check(n).err()) {
+        if let Some(e) = placement.iter().find_map(|n| self.pool.liveness().check(n).err()) {
             return Err(e.context(format!("creating collection {name}: nothing was created")));
         }
-        let c = Collection { name: name.clone(), spec, placement };
+        let c = Collection { name: name.clone(), spec, shards: placement.into_iter().map(ShardPlacement::on).collect() };
+        let wire_spec = v1::ShardSpec::from(spec);
         let created = join_all((0..shard_count).map(|i| {
             let c = &c;
             async move {
-                let node = &c.placement[i as usize];
+                let node = c.node_of(i);
                 let client = self.client(node)?;
-                let req = v1::CreateShardRequest { shard: Self::shard_id(c, i), spec: Some(spec) };
+                let req = v1::CreateShardRequest { shard: Self::shard_id(c, i), spec: Some(wire_spec) };
                 self.on_node(node, client.create_shard(req, ADMIN_TIMEOUT)).await
             }
         }))
         .await;
         if let Some((i, Err(e))) = created.iter().enumerate().find(|(_, r)| r.is_err()) {
-            // Undo the shards that were made; creation is all or nothing.
-            join_all((0..shard_count).filter(|&j| created[j as usize].is_ok()).map(|j| {
-                let c = &c;
-                async move {
-                    if let Ok(client) = self.client(&c.placement[j as usize]) {
-                        let req = v1::DropShardRequest { shard: Self::shard_id(c, j) };
-                        if let Err(e) = client.drop_shard(req, ADMIN_TIMEOUT).await {
-                            tracing::warn!(collection = %c.name, shard = j, error = %e, "could not undo a shard of a failed create");
-                        }
-                    }
-                }
-            }))
-            .await;
-            return Err(retry_hint(e.clone().context(format!("creating shard {i} on node {}", c.placement[i]))));
+            self.undo_create(&c, (0..shard_count).filter(|&j| created[j as usize].is_ok())).await;
+            return Err(retry_hint(e.clone().context(format!("creating shard {i} on node {}", c.node_of(i as u32)))));
         }
-        if !self.meta.insert_collection(c.clone()) {
-            return Err(ShoalError::already_exists(format!("collection {name} already exists")));
+        // Recorded last: a collection in the store always has its shards.
+        if let Err(e) = self.meta.create_collection(c.clone()).await {
+            self.undo_create(&c, 0..shard_count).await;
+            return Err(ShoalError::from(e).context(format!("creating collection {name}: nothing was created")));
         }
         Ok(info(&c, Vec::new()))
     }
 
+    /// Drops the shards of a create that failed; creation is all or nothing.
+    async fn undo_create(&self, c: &Collection, shards: impl Iterator<Item = u32>) {
+        join_all(shards.map(|j| async move {
+            if let Ok(client) = self.client(c.node_of(j)) {
+                let req = v1::DropShardRequest { shard: Self::shard_id(c, j) };
+                if let Err(e) = client.drop_shard(req, ADMIN_TIMEOUT).await {
+                    tracing::warn!(collection = %c.name, shard = j, error = %e, "could not undo a shard of a failed create");
+                }
+            }
+        }))
+        .await;
+    }
+
     pub async fn drop_collection(&self, name: &str) -> Result<(), ShoalError> {
-        let c = self.collection(name)?;
+        let Versioned { value: c, revision } = self.versioned(name)?;
         let results = join_all((0..c.shard_count()).map(|i| {
             let c = &c;
             async move {
-                let node = &c.placement[i as usize];
+                let node = c.node_of(i);
                 let client = self.client(node)?;
                 let req = v1::DropShardRequest { shard: Self::shard_id(c, i) };
                 match self.on_node(node, client.drop_shard(req, ADMIN_TIMEOUT)).await {
@@ -258,12 +272,14 @@ impl Cluster {
         if let Some(e) = results.into_iter().find_map(Result::err) {
             return Err(retry_hint(e.context(format!("dropping collection {}", c.name))));
         }
-        self.meta.remove_collection(&c.name);
-        Ok(())
+        match self.meta.delete_collection(c.name.clone(), revision).await {
+            Ok(()) | Err(MetaError::NotFound(_)) => Ok(()),
+            Err(e) => Err(ShoalError::from(e).context(format!("dropped the shards of {}, but not the collection", c.name))),
+        }
     }
 
     pub fn list_collections(&self) -> Vec<v1::CollectionInfo> {
-        self.meta.collections().iter().map(|c| info(c, Vec::new())).collect()
+        self.meta.view().collections.values().map(|c| info(&c.value, Vec::new())).collect()
     }
 
     /// A collection with the live state of each shard.
@@ -279,9 +295,8 @@ impl Cluster {
                 client.get_shard_stats(v1::ShardStatsRequest { shard }, timeout).await
             })
             .await;
-        let mut out: Vec<v1::ShardInfo> = (0..c.shard_count())
-            .map(|i| v1::ShardInfo { shard: i, node: c.placement[i as usize].to_string(), ..Default::default() })
-            .collect();
+        let mut out: Vec<v1::ShardInfo> =
+            (0..c.shard_count()).map(|i| v1::ShardInfo { shard: i, node: c.node_of(i).to_string(), ..Default::default() }).collect();
         for (i, s) in g.answers {
             let o = &mut out[i as usize];
             o.available = true;
@@ -314,10 +329,10 @@ impl Cluster {
     {
         use futures::StreamExt;
         let calls = (0..c.shard_count()).map(|i| {
-            let node = c.placement[i as usize].clone();
+            let node = c.node_of(i).clone();
             let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = %node);
             // Made inside the span, so the call carries its trace context.
-            let call = span.in_scope(|| self.client(&node).cloned().map(|cl| f(cl, Self::shard_id(c, i), timeout)));
+            let call = span.in_scope(|| self.client(&node).map(|cl| f(cl, Self::shard_id(c, i), timeout)));
             async move {
                 let r = match call {
                     Ok(fut) => self.on_node(&node, fut).await,
@@ -371,14 +386,14 @@ impl Cluster {
         // otherwise the parts for the nodes that answer would commit and
         // the caller would hold a half-applied write.
         for (i, _) in &targets {
-            let node = &c.placement[*i as usize];
-            if let Err(e) = self.liveness.check(node) {
+            let node = c.node_of(*i);
+            if let Err(e) = self.client(node).and_then(|_| self.pool.liveness().check(node)) {
                 return Err(e.context(format!("shard {i}: nothing was written")));
             }
         }
         let timeout = bounded(self.opts.write_timeout, caller);
         let calls = targets.into_iter().map(|(i, part)| {
-            let node = c.placement[i as usize].clone();
+            let node = c.node_of(i).clone();
             let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = %node, points = part.points.len());
             let req =
                 v1::ApplyBatchRequest { shard: Self::shard_id(&c, i), source: source.clone(), points: part.points, deletes: part.deletes };
@@ -472,7 +487,7 @@ impl Cluster {
         let timeout = bounded(self.opts.search_timeout, caller);
         let groups = group_ids(&ids, c.shard_count());
         let calls = groups.into_iter().map(|(shard, ids)| {
-            let node = c.placement[shard as usize].clone();
+            let node = c.node_of(shard).clone();
             let req = v1::GetPointsRequest { shard: Self::shard_id(&c, shard), ids, with_vector };
             async move {
                 let client = self.client(&node)?;
@@ -544,8 +559,9 @@ impl Cluster {
     /// not answer in time is reported down instead of delaying the answer.
     pub async fn status(&self, caller: Option<Duration>) -> v1::ClusterStatusResponse {
         let timeout = bounded(self.opts.status_timeout, caller);
-        let collections = self.meta.collections();
-        let members = self.meta.members();
+        let view = self.meta.view();
+        let collections: Vec<&Collection> = view.collections.values().map(|v| &v.value).collect();
+        let members: Vec<&crate::model::Member> = view.members.values().collect();
         let shards = join_all(collections.iter().map(|c| self.shard_stats(c, timeout)));
         let probes = join_all(members.iter().map(|m| async move {
             let client = self.client(&m.id)?;
@@ -557,7 +573,7 @@ impl Cluster {
             .zip(probes)
             .map(|(m, p)| v1::NodeInfo { id: m.id.to_string(), address: m.address.clone(), available: p.is_ok(), shards: p.unwrap_or(0) })
             .collect();
-        let collections = collections.iter().zip(shards).map(|(c, s)| info(c, s)).collect();
+        let collections = collections.into_iter().zip(shards).map(|(c, s)| info(c, s)).collect();
         v1::ClusterStatusResponse { nodes, collections }
     }
 }
@@ -623,19 +639,6 @@ pub struct SearchOutcome {
     pub shards_total: u32,
     pub shards_answered: u32,
     pub partial: bool,
-}
-
-fn info(c: &Collection, shards: Vec<v1::ShardInfo>) -> v1::CollectionInfo {
-    let points = shards.iter().map(|s| s.points).sum();
-    v1::CollectionInfo {
-        name: c.name.to_string(),
-        dimension: c.spec.dimension,
-        metric: c.spec.metric,
-        shard_count: c.shard_count(),
-        index: c.spec.index,
-        shards,
-        points,
-    }
 }
 
 #[cfg(test)]

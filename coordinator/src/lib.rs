@@ -6,12 +6,12 @@ pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod config;
-#[doc(hidden)]
-pub mod legacy_metadata;
+pub mod conversions;
 pub mod liveness;
 pub mod merge;
 pub mod metadata;
 pub mod model;
+pub mod pool;
 pub mod routing;
 pub mod server;
 pub mod service;

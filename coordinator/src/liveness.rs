@@ -114,30 +114,40 @@ impl Liveness {
         });
     }
 
-    /// Probes every node of `clients`, each on its own schedule so that a
-    /// silent node does not delay the others, until the tasks are aborted.
-    pub fn spawn_probers(
+    /// Starts following `node` (up until a probe says otherwise).
+    pub fn track(&self, node: NodeId) {
+        self.nodes
+            .write()
+            .entry(node)
+            .or_insert_with(|| watch::Sender::new(NodeHealth { up: true, since: Instant::now(), reason: String::new() }));
+    }
+
+    /// Stops following `node` (it left the cluster).
+    pub fn forget(&self, node: &NodeId) {
+        self.nodes.write().remove(node);
+    }
+
+    /// Probes `node` through `client` on its own schedule, so that a silent
+    /// node does not delay the others, until the task is aborted.
+    pub fn spawn_prober(
         self: &Arc<Self>,
-        clients: HashMap<NodeId, ShardClient>,
+        node: NodeId,
+        client: ShardClient,
         interval: Duration,
         timeout: Duration,
-    ) -> Vec<tokio::task::JoinHandle<()>> {
-        clients
-            .into_iter()
-            .map(|(node, client)| {
-                let me = Arc::clone(self);
-                tokio::spawn(async move {
-                    let mut tick = tokio::time::interval(interval);
-                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                    loop {
-                        tick.tick().await;
-                        match client.ping(timeout).await {
-                            Ok(()) => me.set(&node, true, String::new()),
-                            Err(e) => me.set(&node, false, e.message),
-                        }
-                    }
-                })
-            })
-            .collect()
+    ) -> tokio::task::JoinHandle<()> {
+        self.track(node.clone());
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match client.ping(timeout).await {
+                    Ok(()) => me.set(&node, true, String::new()),
+                    Err(e) => me.set(&node, false, e.message),
+                }
+            }
+        })
     }
 }

@@ -2,7 +2,6 @@
 //! through `shoal_server` (health, reflection, telemetry, connection
 //! limits), shut down gracefully.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,10 +10,11 @@ use shoal_proto::NodeId;
 use shoal_proto::v1::shoal_server::ShoalServer;
 use tokio::net::TcpListener;
 
-use crate::client::ShardClient;
 use crate::cluster::{Cluster, ClusterOptions};
 use crate::config::{CoordinatorConfig, url};
-use crate::legacy_metadata::{InMemoryMetadata, Member};
+use crate::metadata::InMemoryStore;
+use crate::model::Member;
+use crate::pool::GrpcConnector;
 use crate::service::ShoalService;
 
 /// A coordinator that is serving.
@@ -28,12 +28,8 @@ pub struct RunningCoordinator {
 /// The cluster view for a static membership, with gRPC clients.
 pub fn cluster_from_config(cfg: &CoordinatorConfig) -> anyhow::Result<Cluster> {
     let mut members = Vec::new();
-    let mut clients = HashMap::new();
     for n in &cfg.shard_nodes {
-        let id = NodeId::parse(&n.id)?;
-        let address = url(&n.address);
-        clients.insert(id.clone(), ShardClient::connect_lazy(&address, cfg.max_message_bytes, &cfg.peers)?);
-        members.push(Member { id, address });
+        members.push(Member::configured(NodeId::parse(&n.id)?, url(&n.address)));
     }
     anyhow::ensure!(!members.is_empty(), "the coordinator needs at least one shard node (shard_nodes)");
     let opts = ClusterOptions {
@@ -44,7 +40,8 @@ pub fn cluster_from_config(cfg: &CoordinatorConfig) -> anyhow::Result<Cluster> {
         limits: cfg.limits.clone(),
         peers: cfg.peers.clone(),
     };
-    Ok(Cluster::new(Arc::new(InMemoryMetadata::new(members)), clients, opts))
+    let connector = GrpcConnector { max_message_bytes: cfg.max_message_bytes, peers: cfg.peers.clone() };
+    Ok(Cluster::new(Arc::new(InMemoryStore::new(members)), Box::new(connector), opts))
 }
 
 impl RunningCoordinator {

@@ -9,7 +9,8 @@ use futures::future::join_all;
 use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
 
 use crate::cluster::{Cluster, retry_hint};
-use crate::legacy_metadata::{Collection, place};
+use crate::metadata::{MetaError, place};
+use crate::model::{Collection, CollectionSpec, ShardPlacement};
 
 /// Snapshots and restores move whole shards; they get a day, not the
 /// seconds a search gets.
@@ -129,8 +130,9 @@ impl Cluster {
         if of_id.values().any(|s| s.shard_count != count) {
             return Err(ShoalError::invalid(format!("the shards of snapshot {snapshot_id} disagree on the shard count")));
         }
-        let existing = self.meta.collection(&name);
-        let placement: Vec<NodeId> = match &existing {
+        let view = self.meta.view();
+        let existing = view.collection(&name).map(|v| &v.value);
+        let placement: Vec<NodeId> = match existing {
             Some(c) if c.shard_count() != count => {
                 return Err(ShoalError::invalid(format!(
                     "collection {name} has {} shards here, the snapshot {count}; drop the collection first to restore it",
@@ -140,21 +142,25 @@ impl Cluster {
             Some(_) if !replace => {
                 return Err(ShoalError::already_exists(format!("collection {name} exists; set replace to overwrite its shards")));
             }
-            Some(c) if (c.spec.dimension, c.spec.metric) != (first.dimension, first.metric) => {
+            Some(c) if (c.spec.dimension, v1::Metric::from(c.spec.metric) as i32) != (first.dimension, first.metric) => {
                 return Err(ShoalError::invalid(format!(
                     "collection {name} here has dimension {} and metric {}, the snapshot {} and {}; drop the collection first to restore it",
-                    c.spec.dimension, c.spec.metric, first.dimension, first.metric
+                    c.spec.dimension,
+                    c.spec.metric,
+                    first.dimension,
+                    v1::Metric::try_from(first.metric).map_or("unknown", |m| m.as_str_name())
                 )));
             }
-            Some(c) => c.placement.clone(),
+            Some(c) => c.shards.iter().map(|s| s.node().clone()).collect(),
             None => {
-                let members = self.meta.members();
-                if members.is_empty() {
-                    return Err(ShoalError::unavailable("the cluster has no shard nodes", Duration::from_secs(5)));
+                let placement = place(count, view.members.values(), view.collections.values().map(|v| &v.value));
+                if placement.len() < count as usize {
+                    return Err(ShoalError::unavailable("the cluster has no shard node that takes new shards", Duration::from_secs(5)));
                 }
-                place(count, &members, &self.meta.collections())
+                placement
             }
         };
+        let existed = existing.is_some();
         let results = join_all(wanted.iter().map(|&s| {
             let node = placement[s as usize].clone();
             let req = v1::RestoreShardRequest {
@@ -173,14 +179,19 @@ impl Cluster {
         for r in results {
             restored_stats.push(r?);
         }
-        if existing.is_none() {
+        if !existed {
             // Served once every shard is there (a single-shard restore of a
             // collection this cluster lacks waits for the others).
             let spec = restored_stats.iter().find_map(|s| s.spec);
             if let Some(spec) = spec
                 && wanted.len() as u32 == count
             {
-                self.meta.insert_collection(Collection { name: name.clone(), spec, placement });
+                let spec = CollectionSpec::try_from(spec).map_err(|e| e.context(format!("snapshot {snapshot_id}")))?;
+                let c = Collection { name: name.clone(), spec, shards: placement.into_iter().map(ShardPlacement::on).collect() };
+                match self.meta.create_collection(c).await {
+                    Ok(_) | Err(MetaError::AlreadyExists(_)) => {}
+                    Err(e) => return Err(ShoalError::from(e).context(format!("restored {name}, but could not record it"))),
+                }
             } else {
                 self.discover().await;
             }
@@ -197,8 +208,8 @@ impl Cluster {
     /// Snapshots and restores of a collection that are running.
     pub async fn snapshot_progress(&self, req: v1::GetSnapshotProgressRequest) -> Result<v1::SnapshotProgressResponse, ShoalError> {
         let name = CollectionName::parse(&req.collection)?;
-        let members = self.meta.members();
-        let replies = join_all(members.iter().map(|m| async move {
+        let view = self.meta.view();
+        let replies = join_all(view.members.values().map(|m| async move {
             let client = self.client(&m.id)?;
             let r = self.on_node(&m.id, client.get_snapshot_progress(v1::SnapshotProgressRequest {}, Duration::from_secs(5))).await?;
             Ok::<_, ShoalError>((m.id.clone(), r))
@@ -223,8 +234,8 @@ impl Cluster {
         Fut: std::future::Future<Output = Result<T, ShoalError>>,
     {
         let mut last = None;
-        for m in self.meta.members() {
-            let client = self.client(&m.id)?.clone();
+        for m in self.meta.view().members.values() {
+            let client = self.client(&m.id)?;
             match self.on_node(&m.id, f(client)).await {
                 Ok(v) => return Ok(v),
                 Err(e) if matches!(e.code, ErrorCode::InvalidArgument | ErrorCode::NotFound | ErrorCode::AlreadyExists) => {

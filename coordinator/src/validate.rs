@@ -6,6 +6,8 @@ use std::fmt::Display;
 
 use shoal_proto::{ShoalError, v1};
 
+use crate::model::{CollectionSpec, Metric};
+
 /// Request limits (configurable in `[coordinator.limits]`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -45,7 +47,7 @@ impl Default for Limits {
 }
 
 /// A vector for a collection of this spec.
-pub fn vector(v: &[f32], spec: &v1::ShardSpec, what: impl Display) -> Result<(), ShoalError> {
+pub fn vector(v: &[f32], spec: &CollectionSpec, what: impl Display) -> Result<(), ShoalError> {
     if v.is_empty() {
         return Err(ShoalError::invalid(format!("{what}: vector is empty")));
     }
@@ -56,19 +58,19 @@ pub fn vector(v: &[f32], spec: &v1::ShardSpec, what: impl Display) -> Result<(),
         return Err(ShoalError::invalid(format!("{what}: component {i} is {x}; every component must be finite")));
     }
     let norm_sq: f64 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
-    if spec.metric == v1::Metric::Cosine as i32 && norm_sq.sqrt() < f64::from(f32::MIN_POSITIVE) {
+    if spec.metric == Metric::Cosine && norm_sq.sqrt() < f64::from(f32::MIN_POSITIVE) {
         return Err(ShoalError::invalid(format!("{what}: a zero vector has no direction under the cosine metric")));
     }
     // Euclidean: |a - b|² ≤ 4 max(|a|², |b|²) must stay finite too.
-    let limit = if spec.metric == v1::Metric::Euclidean as i32 { f64::from(f32::MAX) / 4.0 } else { f64::from(f32::MAX) };
-    if spec.metric != v1::Metric::Cosine as i32 && norm_sq > limit {
+    let limit = if spec.metric == Metric::Euclidean { f64::from(f32::MAX) / 4.0 } else { f64::from(f32::MAX) };
+    if spec.metric != Metric::Cosine && norm_sq > limit {
         return Err(ShoalError::invalid(format!("{what}: the vector's squared length overflows 32-bit float distances; scale it down")));
     }
     Ok(())
 }
 
 /// Points and deletes of a write.
-pub fn write(points: &[v1::Point], deletes: &[u64], spec: &v1::ShardSpec, limits: &Limits) -> Result<(), ShoalError> {
+pub fn write(points: &[v1::Point], deletes: &[u64], spec: &CollectionSpec, limits: &Limits) -> Result<(), ShoalError> {
     if points.is_empty() && deletes.is_empty() {
         return Err(ShoalError::invalid("batch is empty: it has no points and no deletes"));
     }
@@ -144,24 +146,24 @@ pub fn search_params(k: u32, ef: u32, limits: &Limits) -> Result<u32, ShoalError
 mod tests {
     use super::*;
 
-    fn spec(metric: v1::Metric) -> v1::ShardSpec {
-        v1::ShardSpec { dimension: 3, metric: metric as i32, index: None, shard_count: 1 }
+    fn spec(metric: Metric) -> CollectionSpec {
+        CollectionSpec { dimension: 3, metric, index: Default::default(), shard_count: 1 }
     }
 
     #[test]
     fn vectors_get_precise_errors() {
-        let s = spec(v1::Metric::Cosine);
+        let s = spec(Metric::Cosine);
         let e = |v: &[f32]| vector(v, &s, "point 2 (id 9)").unwrap_err().message;
         assert_eq!(e(&[]), "point 2 (id 9): vector is empty");
         assert_eq!(e(&[1.0, 2.0]), "point 2 (id 9): vector has dimension 2, the collection expects 3");
         assert_eq!(e(&[1.0, f32::NAN, 0.0]), "point 2 (id 9): component 1 is NaN; every component must be finite");
         assert!(e(&[0.0, 0.0, 0.0]).contains("zero vector"));
-        assert!(vector(&[0.0; 3], &spec(v1::Metric::Euclidean), "q").is_ok());
+        assert!(vector(&[0.0; 3], &spec(Metric::Euclidean), "q").is_ok());
     }
 
     #[test]
     fn writes_and_searches_are_bounded() {
-        let s = spec(v1::Metric::Dot);
+        let s = spec(Metric::Dot);
         let l = Limits::default();
         assert!(write(&[], &[], &s, &l).unwrap_err().message.contains("empty"));
         let bad_json =
