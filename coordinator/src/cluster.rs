@@ -17,13 +17,13 @@ use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
 use tracing::Instrument;
 
 use crate::client::{PeerSettings, ShardClient};
-use crate::conversions::collection_info as info;
 use crate::merge::merge_top_k;
-use crate::metadata::{MetaError, MetadataStore, Versioned, place};
-use crate::model::{Collection, CollectionSpec, IndexParams, Metric, ShardPlacement};
 use crate::pool::{Connector, ShardPool};
 use crate::routing::{Part, group_ids, split};
 use crate::validate::{self, Limits};
+use shoal_control::conversions::collection_info as info;
+use shoal_control::metadata::{MetaError, MetadataStore, Versioned, place};
+use shoal_control::model::{Collection, CollectionSpec, IndexParams, Metric, ShardPlacement};
 
 /// Coordinator behaviour (configured in `[coordinator]`).
 #[derive(Clone, Debug)]
@@ -111,7 +111,16 @@ impl Cluster {
     }
 
     pub(crate) fn client(&self, node: &NodeId) -> Result<ShardClient, ShoalError> {
-        self.pool.get(node)
+        self.pool.get(node).or_else(|e| {
+            // The view may be newer than the pool (its follower runs as a
+            // task): a member the caller just saw must not look absent.
+            let view = self.meta.view();
+            if !view.members.contains_key(node) {
+                return Err(e);
+            }
+            self.pool.sync(&view.members);
+            self.pool.get(node)
+        })
     }
 
     /// Runs `call` against `node`, unless the node is marked down; ends it
@@ -144,7 +153,7 @@ impl Cluster {
     /// later call).
     pub async fn discover(&self) -> Vec<(NodeId, ShoalError)> {
         let view = self.meta.view();
-        let members: Vec<&crate::model::Member> = view.members.values().collect();
+        let members: Vec<&shoal_control::model::Member> = view.members.values().collect();
         let replies = join_all(members.iter().map(|m| async move {
             let c = self.client(&m.id)?;
             c.list_shards(v1::ListShardsRequest {}, Duration::from_secs(5)).await
@@ -561,7 +570,7 @@ impl Cluster {
         let timeout = bounded(self.opts.status_timeout, caller);
         let view = self.meta.view();
         let collections: Vec<&Collection> = view.collections.values().map(|v| &v.value).collect();
-        let members: Vec<&crate::model::Member> = view.members.values().collect();
+        let members: Vec<&shoal_control::model::Member> = view.members.values().collect();
         let shards = join_all(collections.iter().map(|c| self.shard_stats(c, timeout)));
         let probes = join_all(members.iter().map(|m| async move {
             let client = self.client(&m.id)?;

@@ -6,11 +6,8 @@ pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod config;
-pub mod conversions;
 pub mod liveness;
 pub mod merge;
-pub mod metadata;
-pub mod model;
 pub mod pool;
 pub mod routing;
 pub mod server;
@@ -21,3 +18,6 @@ pub mod validate;
 pub use cluster::{Cluster, ClusterOptions};
 pub use config::CoordinatorConfig;
 pub use server::RunningCoordinator;
+/// The control plane's model and store, where the coordinator has always
+/// had them.
+pub use shoal_control::{conversions, metadata, model};

@@ -19,8 +19,8 @@ use tokio::sync::watch;
 
 use crate::client::{PeerSettings, ShardClient};
 use crate::liveness::Liveness;
-use crate::metadata::View;
-use crate::model::Member;
+use shoal_control::metadata::View;
+use shoal_control::model::Member;
 
 /// Makes the client of a member.
 pub trait Connector: Send + Sync {

@@ -12,10 +12,10 @@ use tokio::net::TcpListener;
 
 use crate::cluster::{Cluster, ClusterOptions};
 use crate::config::{CoordinatorConfig, url};
-use crate::metadata::InMemoryStore;
-use crate::model::Member;
 use crate::pool::GrpcConnector;
 use crate::service::ShoalService;
+use shoal_control::metadata::InMemoryStore;
+use shoal_control::model::Member;
 
 /// A coordinator that is serving.
 pub struct RunningCoordinator {

@@ -9,8 +9,8 @@ use futures::future::join_all;
 use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
 
 use crate::cluster::{Cluster, retry_hint};
-use crate::metadata::{MetaError, place};
-use crate::model::{Collection, CollectionSpec, ShardPlacement};
+use shoal_control::metadata::{MetaError, place};
+use shoal_control::model::{Collection, CollectionSpec, ShardPlacement};
 
 /// Snapshots and restores move whole shards; they get a day, not the
 /// seconds a search gets.

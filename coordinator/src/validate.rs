@@ -6,7 +6,7 @@ use std::fmt::Display;
 
 use shoal_proto::{ShoalError, v1};
 
-use crate::model::{CollectionSpec, Metric};
+use shoal_control::model::{CollectionSpec, Metric};
 
 /// Request limits (configurable in `[coordinator.limits]`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

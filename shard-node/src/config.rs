@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use shoal_control::ClusterConfig;
 use shoal_engine::{IndexOptions, LinkLog};
 use shoal_server::{ListenerConfig, TelemetryConfig};
 
@@ -17,6 +18,13 @@ pub struct ShardNodeConfig {
     pub node_id: String,
     /// Address the gRPC server listens on.
     pub listen: SocketAddr,
+    /// Address coordinators reach this node on, as it registers in the
+    /// cluster (`host:port` or a URL). Default: `listen`, which must then
+    /// name a specific address (not 0.0.0.0).
+    pub advertise: Option<String>,
+    /// The control plane to register in (none: no registration; the
+    /// coordinator's configuration lists this node).
+    pub cluster: ClusterConfig,
     /// Where shards live (`<data_dir>/shards/<collection>/<shard>`).
     pub data_dir: PathBuf,
     /// Largest gRPC message accepted or sent, in bytes.
@@ -32,11 +40,26 @@ pub struct ShardNodeConfig {
     pub snapshot: SnapshotConfig,
 }
 
+impl ShardNodeConfig {
+    /// The URL this node registers under.
+    pub fn advertised_url(&self, bound: SocketAddr) -> anyhow::Result<String> {
+        match &self.advertise {
+            Some(a) => Ok(if a.contains("://") { a.clone() } else { format!("http://{a}") }),
+            None if bound.ip().is_unspecified() => anyhow::bail!(
+                "the node listens on {bound}, which is no address a coordinator can reach: set shard_node.advertise (--advertise)"
+            ),
+            None => Ok(format!("http://{bound}")),
+        }
+    }
+}
+
 impl Default for ShardNodeConfig {
     fn default() -> Self {
         ShardNodeConfig {
             node_id: "shard-0".into(),
             listen: "127.0.0.1:7701".parse().expect("literal address"),
+            advertise: None,
+            cluster: ClusterConfig::default(),
             data_dir: PathBuf::from("./shoal-data/shard-0"),
             max_message_bytes: 64 << 20,
             listener: ListenerConfig::default(),

@@ -11,12 +11,14 @@ use tokio::net::TcpListener;
 
 use crate::config::ShardNodeConfig;
 use crate::host::ShardHost;
+use crate::registration::Presence;
 use crate::service::ShardNodeService;
 
 /// A shard node that is serving.
 pub struct RunningShardNode {
     pub addr: SocketAddr,
     pub host: Arc<ShardHost>,
+    presence: Option<Presence>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -37,12 +39,43 @@ impl RunningShardNode {
             let _ = stopped.await;
         }));
         tracing::info!(node = %cfg.node_id, %addr, data_dir = %cfg.data_dir.display(), "shard node serving");
-        Ok(RunningShardNode { addr, host, stop: Some(stop), task })
+        let mut node = RunningShardNode { addr, host, presence: None, stop: Some(stop), task };
+        if cfg.cluster.uses_etcd() {
+            // Serving first: a coordinator that sees the registration can
+            // reach the node at once.
+            let joined = async {
+                let store = shoal_control::metadata::open(&cfg.cluster).await?;
+                let id = shoal_proto::NodeId::parse(&cfg.node_id)?;
+                let presence = Presence::join(
+                    store,
+                    id,
+                    cfg.advertised_url(addr)?,
+                    Arc::clone(&node.host),
+                    cfg.data_dir.clone(),
+                    cfg.cluster.lease_ttl(),
+                )
+                .await?;
+                anyhow::Ok(presence)
+            };
+            match joined.await {
+                Ok(p) => node.presence = Some(p),
+                Err(e) => {
+                    let _ = node.shutdown().await;
+                    return Err(e.context("registering in the cluster"));
+                }
+            }
+        }
+        Ok(node)
     }
 
     /// Graceful shutdown: stop accepting, finish in-flight requests and
     /// queued batches, close the environments.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        // Leave first, so coordinators stop sending before the node stops
+        // answering.
+        if let Some(p) = self.presence.take() {
+            p.leave().await;
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }

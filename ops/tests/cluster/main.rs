@@ -5,5 +5,6 @@ mod bad_requests;
 mod common;
 mod discovery;
 mod durability;
+mod membership;
 mod search;
 mod snapshots;

@@ -216,3 +216,12 @@ pub trait MetadataStore: Send + Sync {
     /// lease of `ttl`).
     fn campaign(&self, candidate: String, ttl: Duration) -> BoxFuture<'_, Result<Leadership, MetaError>>;
 }
+
+/// The store `cfg` names: etcd when it lists endpoints.
+#[allow(clippy::unused_async)] // connecting to etcd awaits; the etcd store lands next
+pub async fn open(cfg: &crate::ClusterConfig) -> Result<Arc<dyn MetadataStore>, MetaError> {
+    if !cfg.uses_etcd() {
+        return Err(MetaError::Invalid("no etcd endpoints are configured (cluster.etcd)".into()));
+    }
+    Err(MetaError::Unavailable("etcd support is not built yet".into()))
+}
