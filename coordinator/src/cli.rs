@@ -25,6 +25,19 @@ pub struct Cli {
     #[arg(long = "shard-node", value_parser = parse_node)]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shard_nodes: Vec<ShardNodeEntry>,
+    /// This coordinator's name (default: coordinator@LISTEN).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// etcd endpoints holding membership and placement (comma separated);
+    /// shard nodes then register there instead of being listed.
+    #[arg(long, value_delimiter = ',')]
+    #[serde(skip)]
+    pub etcd: Vec<String>,
+    /// Key prefix of the cluster in etcd.
+    #[arg(long)]
+    #[serde(skip)]
+    pub etcd_prefix: Option<String>,
 }
 
 fn parse_node(s: &str) -> Result<ShardNodeEntry, String> {
@@ -35,7 +48,15 @@ fn parse_node(s: &str) -> Result<ShardNodeEntry, String> {
 impl Cli {
     /// The configuration these flags, the file and the environment give.
     pub fn config(&self) -> anyhow::Result<CoordinatorConfig> {
-        shoal_server::config::load(self.config.as_deref(), "coordinator", "SHOAL_COORD_", self)
+        let mut cfg: CoordinatorConfig = shoal_server::config::load(self.config.as_deref(), "coordinator", "SHOAL_COORD_", self)?;
+        // Nested keys are not flags figment can merge from a flat struct.
+        if !self.etcd.is_empty() {
+            cfg.cluster.etcd = self.etcd.clone();
+        }
+        if let Some(p) = &self.etcd_prefix {
+            cfg.cluster.prefix = p.clone();
+        }
+        Ok(cfg)
     }
 }
 
@@ -45,7 +66,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let cfg = cli.config()?;
     let telemetry = shoal_server::telemetry::init("shoal-coordinator", &cfg.listen.to_string(), &cfg.telemetry);
     let coord = RunningCoordinator::start(&cfg).await?;
-    println!("coordinator listening on {} ({} shard nodes)", coord.addr, cfg.shard_nodes.len());
+    if cfg.cluster.uses_etcd() {
+        println!("coordinator listening on {} (cluster in etcd {}, prefix {})", coord.addr, cfg.cluster.etcd.join(","), cfg.cluster.prefix);
+    } else {
+        println!("coordinator listening on {} ({} shard nodes)", coord.addr, cfg.shard_nodes.len());
+    }
     shoal_server::shutdown_signal().await;
     println!("shutting down: finishing in-flight requests");
     let stopped = coord.shutdown().await;

@@ -22,12 +22,14 @@ use crate::pool::{Connector, ShardPool};
 use crate::routing::{Part, group_ids, split};
 use crate::validate::{self, Limits};
 use shoal_control::conversions::collection_info as info;
-use shoal_control::metadata::{MetaError, MetadataStore, Versioned, place};
+use shoal_control::metadata::{MetaError, MetadataStore, StoreHealth, Versioned, View, place};
 use shoal_control::model::{Collection, CollectionSpec, IndexParams, Metric, ShardPlacement};
 
 /// Coordinator behaviour (configured in `[coordinator]`).
 #[derive(Clone, Debug)]
 pub struct ClusterOptions {
+    /// This coordinator's name in status, logs and the controller election.
+    pub coordinator_id: String,
     pub default_shards: u32,
     pub search_timeout: Duration,
     pub write_timeout: Duration,
@@ -40,6 +42,7 @@ pub struct ClusterOptions {
 impl Default for ClusterOptions {
     fn default() -> Self {
         ClusterOptions {
+            coordinator_id: "coordinator".into(),
             default_shards: 3,
             search_timeout: Duration::from_secs(2),
             write_timeout: Duration::from_secs(120),
@@ -580,10 +583,36 @@ impl Cluster {
         let nodes = members
             .iter()
             .zip(probes)
-            .map(|(m, p)| v1::NodeInfo { id: m.id.to_string(), address: m.address.clone(), available: p.is_ok(), shards: p.unwrap_or(0) })
+            .map(|(m, p)| v1::NodeInfo {
+                id: m.id.to_string(),
+                address: m.address.clone(),
+                available: p.is_ok(),
+                // What the node holds now, or what it last registered.
+                shards: p.unwrap_or(m.capacity.shards),
+                state: m.state.as_str().into(),
+                disk_free_bytes: m.capacity.disk_free_bytes,
+            })
             .collect();
         let collections = collections.into_iter().zip(shards).map(|(c, s)| info(c, s)).collect();
-        v1::ClusterStatusResponse { nodes, collections }
+        v1::ClusterStatusResponse { nodes, collections, control_plane: Some(self.control_plane(&view)) }
+    }
+
+    fn control_plane(&self, view: &View) -> v1::ControlPlane {
+        let (reachable, error, unreachable_since_ms) = match self.meta.health() {
+            StoreHealth::Connected => (true, String::new(), 0),
+            StoreHealth::Unreachable { since, error } => {
+                (false, error, since.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
+            }
+        };
+        v1::ControlPlane {
+            store: self.meta.kind().into(),
+            reachable,
+            error,
+            unreachable_since_ms,
+            controller: view.controller.clone().unwrap_or_default(),
+            revision: view.revision,
+            coordinator: self.opts.coordinator_id.clone(),
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+use shoal_control::ClusterConfig;
 use shoal_server::{ListenerConfig, TelemetryConfig};
 
 use crate::client::PeerSettings;
@@ -14,8 +15,14 @@ use crate::validate::Limits;
 #[serde(default, deny_unknown_fields)]
 pub struct CoordinatorConfig {
     pub listen: SocketAddr,
-    /// Static membership: the shard nodes of the cluster.
+    /// This coordinator's name in status, logs and the controller
+    /// election (default: `coordinator@<listen>`).
+    pub id: Option<String>,
+    /// Static membership: the shard nodes of the cluster (when no etcd is
+    /// configured; with etcd, nodes register themselves).
     pub shard_nodes: Vec<ShardNodeEntry>,
+    /// The control plane (etcd) holding membership and placement.
+    pub cluster: ClusterConfig,
     /// Shards of a new collection when the request does not say.
     pub default_shards: u32,
     /// A search's deadline when neither the request nor the caller sets one.
@@ -48,6 +55,8 @@ impl Default for CoordinatorConfig {
     fn default() -> Self {
         CoordinatorConfig {
             listen: "127.0.0.1:7700".parse().expect("literal address"),
+            id: None,
+            cluster: ClusterConfig::default(),
             shard_nodes: vec![ShardNodeEntry { id: "shard-0".into(), address: "127.0.0.1:7701".into() }],
             default_shards: 3,
             search_timeout_ms: 2_000,
@@ -59,6 +68,12 @@ impl Default for CoordinatorConfig {
             telemetry: TelemetryConfig::default(),
             limits: Limits::default(),
         }
+    }
+}
+
+impl CoordinatorConfig {
+    pub fn coordinator_id(&self, bound: SocketAddr) -> String {
+        self.id.clone().unwrap_or_else(|| format!("coordinator@{bound}"))
     }
 }
 

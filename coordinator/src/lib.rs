@@ -6,6 +6,7 @@ pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod config;
+pub mod controller;
 pub mod liveness;
 pub mod merge;
 pub mod pool;

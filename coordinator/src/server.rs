@@ -12,27 +12,39 @@ use tokio::net::TcpListener;
 
 use crate::cluster::{Cluster, ClusterOptions};
 use crate::config::{CoordinatorConfig, url};
+use crate::controller::Controller;
+use crate::metadata::{InMemoryStore, MetadataStore};
 use crate::pool::GrpcConnector;
 use crate::service::ShoalService;
-use shoal_control::metadata::InMemoryStore;
 use shoal_control::model::Member;
 
 /// A coordinator that is serving.
 pub struct RunningCoordinator {
     pub addr: SocketAddr,
     pub cluster: Arc<Cluster>,
+    controller: Option<Controller>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
-/// The cluster view for a static membership, with gRPC clients.
-pub fn cluster_from_config(cfg: &CoordinatorConfig) -> anyhow::Result<Cluster> {
+/// The metadata store the configuration names: etcd, or memory with the
+/// configured shard nodes.
+pub async fn store_from_config(cfg: &CoordinatorConfig) -> anyhow::Result<Arc<dyn MetadataStore>> {
+    if cfg.cluster.uses_etcd() {
+        return Ok(shoal_control::metadata::open(&cfg.cluster).await?);
+    }
     let mut members = Vec::new();
     for n in &cfg.shard_nodes {
         members.push(Member::configured(NodeId::parse(&n.id)?, url(&n.address)));
     }
-    anyhow::ensure!(!members.is_empty(), "the coordinator needs at least one shard node (shard_nodes)");
+    anyhow::ensure!(!members.is_empty(), "the coordinator needs at least one shard node (shard_nodes), or etcd (cluster.etcd)");
+    Ok(Arc::new(InMemoryStore::new(members)))
+}
+
+/// The cluster view over `meta`, with gRPC clients.
+pub fn cluster_from_config(cfg: &CoordinatorConfig, meta: Arc<dyn MetadataStore>, bound: SocketAddr) -> Cluster {
     let opts = ClusterOptions {
+        coordinator_id: cfg.coordinator_id(bound),
         default_shards: cfg.default_shards.max(1),
         search_timeout: Duration::from_millis(cfg.search_timeout_ms),
         write_timeout: Duration::from_millis(cfg.write_timeout_ms),
@@ -41,7 +53,7 @@ pub fn cluster_from_config(cfg: &CoordinatorConfig) -> anyhow::Result<Cluster> {
         peers: cfg.peers.clone(),
     };
     let connector = GrpcConnector { max_message_bytes: cfg.max_message_bytes, peers: cfg.peers.clone() };
-    Ok(Cluster::new(Arc::new(InMemoryStore::new(members)), Box::new(connector), opts))
+    Cluster::new(meta, Box::new(connector), opts)
 }
 
 impl RunningCoordinator {
@@ -52,10 +64,17 @@ impl RunningCoordinator {
 
     pub async fn start_on(cfg: &CoordinatorConfig, listener: TcpListener) -> anyhow::Result<RunningCoordinator> {
         let addr = listener.local_addr()?;
-        let cluster = Arc::new(cluster_from_config(cfg)?);
-        for (node, e) in cluster.discover().await {
-            tracing::warn!(%node, error = %e, "shard node not reachable at start; its collections are not served yet");
+        let meta = store_from_config(cfg).await?;
+        let cluster = Arc::new(cluster_from_config(cfg, Arc::clone(&meta), addr));
+        // Without etcd the shard nodes hold the only record of the
+        // collections; with it, etcd does (and a shard left on a node by a
+        // failed drop must not bring its collection back).
+        if !cfg.cluster.uses_etcd() {
+            for (node, e) in cluster.discover().await {
+                tracing::warn!(%node, error = %e, "shard node not reachable at start; its collections are not served yet");
+            }
         }
+        let controller = Some(Controller::spawn(meta, cfg.coordinator_id(addr), cfg.cluster.lease_ttl()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let svc = ShoalServer::new(ShoalService::new(Arc::clone(&cluster), cfg.max_message_bytes))
             .max_decoding_message_size(cfg.max_message_bytes)
@@ -70,12 +89,16 @@ impl RunningCoordinator {
         };
         let task = tokio::spawn(server);
         tracing::info!(%addr, "coordinator serving");
-        Ok(RunningCoordinator { addr, cluster, stop: Some(stop), task })
+        Ok(RunningCoordinator { addr, cluster, controller, stop: Some(stop), task })
     }
 
     /// Stops accepting and waits for in-flight requests (and the writes
     /// they started) to finish.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        // Hand the controller role on at once instead of after the TTL.
+        if let Some(c) = self.controller.take() {
+            c.stop().await;
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }

@@ -29,9 +29,21 @@ pub fn parse_metric(s: &str) -> anyhow::Result<v1::Metric> {
 
 pub async fn status(endpoint: &str) -> anyhow::Result<()> {
     let s = connect(endpoint).await?.cluster_status(v1::ClusterStatusRequest {}).await?.into_inner();
-    println!("{:<12} {:<28} {:<10} shards", "node", "address", "state");
+    if let Some(cp) = &s.control_plane {
+        print_control_plane(cp);
+    }
+    println!("{:<12} {:<28} {:<6} {:<10} {:<7} disk free", "node", "address", "health", "state", "shards");
     for n in &s.nodes {
-        println!("{:<12} {:<28} {:<10} {}", n.id, n.address, if n.available { "up" } else { "DOWN" }, n.shards);
+        let free =
+            if n.disk_free_bytes == 0 { "?".to_string() } else { format!("{:.1} GiB", n.disk_free_bytes as f64 / f64::from(1u32 << 30)) };
+        println!(
+            "{:<12} {:<28} {:<6} {:<10} {:<7} {free}",
+            n.id,
+            n.address,
+            if n.available { "up" } else { "DOWN" },
+            if n.state.is_empty() { "-" } else { &n.state },
+            n.shards
+        );
     }
     println!();
     for c in &s.collections {
@@ -41,6 +53,23 @@ pub async fn status(endpoint: &str) -> anyhow::Result<()> {
         println!("no collections");
     }
     Ok(())
+}
+
+fn print_control_plane(cp: &v1::ControlPlane) {
+    let controller = if cp.controller.is_empty() { "none" } else { &cp.controller };
+    println!("control plane: {} at revision {}, controller {controller} (this is {})", cp.store, cp.revision, cp.coordinator);
+    if !cp.reachable {
+        let ago = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+            .saturating_sub(cp.unreachable_since_ms);
+        println!(
+            "  UNREACHABLE for {:.0} s ({}): serving with the placement last seen; placement changes are refused",
+            ago as f64 / 1000.0,
+            cp.error
+        );
+    }
+    println!();
 }
 
 pub fn print_collection(c: &v1::CollectionInfo) {

@@ -92,6 +92,10 @@ fn collection_conflict(view: &View, name: &CollectionName, expected: Revision) -
 }
 
 impl MetadataStore for InMemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
     fn view(&self) -> Arc<View> {
         self.inner.views.borrow().clone()
     }

@@ -186,6 +186,9 @@ pub trait LeaderHandle: Send + Sync {
 
 /// Storage of the cluster's metadata; see the module documentation.
 pub trait MetadataStore: Send + Sync {
+    /// What keeps the metadata: "memory" or "etcd" (for status and logs).
+    fn kind(&self) -> &'static str;
+
     /// The last view seen. Never waits.
     fn view(&self) -> Arc<View>;
 

@@ -27,7 +27,7 @@ async fn a_node_restart_keeps_every_acknowledged_point() {
     assert_eq!(offsets.offsets, vec![v1::SourceOffset { source: "job".into(), offset: 5 }]);
 
     // A coordinator restarted from nothing learns the collection from the nodes.
-    let fresh = shoal_coordinator::server::cluster_from_config(&shoal_coordinator::CoordinatorConfig {
+    let cfg = shoal_coordinator::CoordinatorConfig {
         shard_nodes: tc
             .cluster
             .node_addrs()
@@ -36,8 +36,9 @@ async fn a_node_restart_keeps_every_acknowledged_point() {
             .map(|(i, a)| shoal_coordinator::config::ShardNodeEntry { id: format!("shard-{i}"), address: a.to_string() })
             .collect(),
         ..Default::default()
-    })
-    .unwrap();
+    };
+    let meta = shoal_coordinator::server::store_from_config(&cfg).await.unwrap();
+    let fresh = shoal_coordinator::server::cluster_from_config(&cfg, meta, cfg.listen);
     assert!(fresh.discover().await.is_empty());
     assert_eq!(fresh.describe("docs", None).await.unwrap().points, 600);
     tc.cluster.shutdown().await.unwrap();
