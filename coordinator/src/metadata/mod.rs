@@ -3,7 +3,7 @@
 //!
 //! Behind [`MetadataStore`] so that the same coordinator code runs on one
 //! machine without any service beside it ([`memory::InMemoryStore`]) and
-//! on a cluster whose coordinators share etcd (`etcd::EtcdStore`). Both
+//! on a cluster whose coordinators share etcd ([`etcd::EtcdStore`]). Both
 //! pass the same `conformance` suite.
 //!
 //! The model: every coordinator serves from the last [`View`] it saw (a
@@ -15,6 +15,7 @@
 //! nothing is written, so two coordinators can never make conflicting
 //! decisions. A write returns after the store's own view includes it.
 
+pub mod etcd;
 pub mod memory;
 mod placement;
 
