@@ -4,7 +4,7 @@
 //! Behind [`MetadataStore`] so that the same coordinator code runs on one
 //! machine without any service beside it ([`memory::InMemoryStore`]) and
 //! on a cluster whose coordinators share etcd ([`etcd::EtcdStore`]). Both
-//! pass the same `conformance` suite.
+//! pass the same [`conformance`] suite.
 //!
 //! The model: every coordinator serves from the last [`View`] it saw (a
 //! cheap `Arc` read, no await on a request path), which the store keeps
@@ -15,6 +15,8 @@
 //! nothing is written, so two coordinators can never make conflicting
 //! decisions. A write returns after the store's own view includes it.
 
+#[doc(hidden)]
+pub mod conformance;
 pub mod etcd;
 pub mod memory;
 mod placement;
