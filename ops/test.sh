@@ -23,6 +23,18 @@ if ((${#need_pkgs[@]})); then
   fi
 fi
 
+# The servers started below (moto, etcd), stopped and removed on exit.
+stop_servers() {
+  local pid
+  for pid in ${moto_pid:-} ${etcd_pid:-}; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -f "${moto_log:-}"
+  if [[ -n ${etcd_dir:-} ]]; then rm -rf "$etcd_dir"; fi
+}
+trap stop_servers EXIT
+
 # A real S3-compatible server for the snapshot tests: moto_server from PyPI
 # in a venv under the cache dir (installed once), on a free loopback port,
 # stopped when this script exits. The tests read its endpoint from
@@ -45,7 +57,6 @@ moto_port=$("$moto_venv/bin/python" -c 'import socket; s = socket.socket(); s.bi
 moto_log=$(mktemp)
 "$moto_venv/bin/moto_server" -H 127.0.0.1 -p "$moto_port" >"$moto_log" 2>&1 &
 moto_pid=$!
-trap 'kill "$moto_pid" 2>/dev/null || true; wait "$moto_pid" 2>/dev/null || true; rm -f "$moto_log"' EXIT
 export SHOAL_TEST_S3_ENDPOINT="http://127.0.0.1:$moto_port"
 export SHOAL_TEST_S3_BUCKET=shoal-test
 "$moto_venv/bin/python" - <<PY || { cat "$moto_log" >&2; exit 1; }
@@ -62,6 +73,55 @@ else:
     raise SystemExit("moto_server did not come up on $SHOAL_TEST_S3_ENDPOINT")
 PY
 log "moto_server (S3) on $SHOAL_TEST_S3_ENDPOINT, pid $moto_pid"
+
+# A real etcd for the metadata store's tests: Debian's etcd-server, one
+# member on free loopback ports with its data in a temp dir, stopped and
+# removed on exit. The tests read its endpoint from SHOAL_TEST_ETCD_ENDPOINT
+# (and start etcds of their own from PATH).
+if ! command -v etcd >/dev/null 2>&1; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    log "installing etcd-server"
+    # A fresh machine may not have package lists yet.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null 2>&1 ||
+      { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; }
+  fi
+  command -v etcd >/dev/null 2>&1 || { log "etcd is missing: install Debian's etcd-server (needs root and apt-get)"; exit 1; }
+fi
+# etcd 3.4 exits on architectures it does not list as supported (arm64 among
+# them) unless this names the machine's (Go) architecture; others ignore it.
+case "$(uname -m)" in
+  aarch64 | arm64) export ETCD_UNSUPPORTED_ARCH=arm64 ;;
+  ppc64le) export ETCD_UNSUPPORTED_ARCH=ppc64le ;;
+  s390x) export ETCD_UNSUPPORTED_ARCH=s390x ;;
+  armv7l | armv6l) export ETCD_UNSUPPORTED_ARCH=arm ;;
+  i?86) export ETCD_UNSUPPORTED_ARCH=386 ;;
+esac
+read -r etcd_client_port etcd_peer_port < <(python3 -c 'import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))')
+etcd_dir=$(mktemp -d)
+etcd_client="http://127.0.0.1:$etcd_client_port"
+etcd_peer="http://127.0.0.1:$etcd_peer_port"
+etcd --name shoal-test --data-dir "$etcd_dir/data" \
+  --listen-client-urls "$etcd_client" --advertise-client-urls "$etcd_client" \
+  --listen-peer-urls "$etcd_peer" --initial-advertise-peer-urls "$etcd_peer" \
+  --initial-cluster "shoal-test=$etcd_peer" >"$etcd_dir/etcd.log" 2>&1 &
+etcd_pid=$!
+export SHOAL_TEST_ETCD_ENDPOINT=$etcd_client
+python3 - "$etcd_client/health" <<'PY' || { cat "$etcd_dir/etcd.log" >&2; exit 1; }
+import json, sys, time, urllib.request
+for _ in range(150):
+    try:
+        if json.load(urllib.request.urlopen(sys.argv[1], timeout=1)).get("health") == "true":
+            break
+    except Exception:
+        pass
+    time.sleep(0.1)
+else:
+    raise SystemExit("etcd did not become healthy at " + sys.argv[1])
+PY
+log "etcd $(etcd --version | head -1 | awk '{print $3}') on $SHOAL_TEST_ETCD_ENDPOINT, pid $etcd_pid"
 
 # What the workspace declares, enforced: formatting (rustfmt.toml), lints
 # with warnings as errors, and documentation that builds without warnings.

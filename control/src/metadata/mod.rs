@@ -3,8 +3,8 @@
 //!
 //! Behind [`MetadataStore`] so that the same coordinator code runs on one
 //! machine without any service beside it ([`memory::InMemoryStore`]) and
-//! on a cluster whose coordinators share etcd (`etcd::EtcdStore`). Both
-//! pass the same `conformance` suite.
+//! on a cluster whose coordinators share etcd ([`etcd::EtcdStore`]). Both
+//! pass the same [`conformance`] suite.
 //!
 //! The model: every coordinator serves from the last [`View`] it saw (a
 //! cheap `Arc` read, no await on a request path), which the store keeps
@@ -15,6 +15,9 @@
 //! nothing is written, so two coordinators can never make conflicting
 //! decisions. A write returns after the store's own view includes it.
 
+#[doc(hidden)]
+pub mod conformance;
+pub mod etcd;
 pub mod memory;
 mod placement;
 
@@ -221,10 +224,11 @@ pub trait MetadataStore: Send + Sync {
 }
 
 /// The store `cfg` names: etcd when it lists endpoints.
-#[allow(clippy::unused_async)] // connecting to etcd awaits; the etcd store lands next
 pub async fn open(cfg: &crate::ClusterConfig) -> Result<Arc<dyn MetadataStore>, MetaError> {
     if !cfg.uses_etcd() {
         return Err(MetaError::Invalid("no etcd endpoints are configured (cluster.etcd)".into()));
     }
-    Err(MetaError::Unavailable("etcd support is not built yet".into()))
+    let options = etcd::EtcdOptions { call_timeout: cfg.call_timeout(), ..etcd::EtcdOptions::default() };
+    let store = etcd::EtcdStore::connect(&cfg.etcd, &cfg.prefix, options).await?;
+    Ok(Arc::new(store))
 }

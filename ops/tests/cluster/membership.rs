@@ -134,3 +134,20 @@ pub(crate) async fn membership_follows_registrations(store: Arc<dyn MetadataStor
 async fn membership_follows_registrations_in_memory() {
     membership_follows_registrations(Arc::new(InMemoryStore::new(Vec::new()))).await;
 }
+
+/// The same against a real etcd (`ops/test.sh` starts one and sets
+/// `SHOAL_TEST_ETCD_ENDPOINT`; without it this prints SKIPPED, as the S3
+/// tests do without theirs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_follows_registrations_on_etcd() {
+    let Some(endpoint) = std::env::var("SHOAL_TEST_ETCD_ENDPOINT").ok().filter(|e| !e.is_empty()) else {
+        eprintln!("SKIPPED membership_follows_registrations_on_etcd: SHOAL_TEST_ETCD_ENDPOINT is not set");
+        return;
+    };
+    let cfg = shoal_control::ClusterConfig {
+        etcd: vec![endpoint],
+        prefix: format!("/shoal-test/membership-{:016x}", rand::random::<u64>()),
+        ..shoal_control::ClusterConfig::default()
+    };
+    membership_follows_registrations(shoal_control::metadata::open(&cfg).await.unwrap()).await;
+}

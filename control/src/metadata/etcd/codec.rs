@@ -1,0 +1,203 @@
+//! The JSON values stored in etcd. The records are private to this module:
+//! the domain types have no serde on purpose, so the stored format changes
+//! only here, and every decoded value is checked like a new one.
+
+use serde::{Deserialize, Serialize};
+use shoal_proto::{CollectionName, NodeId};
+
+use crate::metadata::MetaError;
+use crate::model::{Capacity, Collection, CollectionSpec, IndexParams, Member, Metric, NodeState, ShardPlacement};
+
+#[derive(Serialize, Deserialize)]
+struct CollectionRecord {
+    spec: SpecRecord,
+    shards: Vec<ShardRecord>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SpecRecord {
+    dimension: u32,
+    metric: String,
+    m: u32,
+    ef_construction: u32,
+    shard_count: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ShardRecord {
+    replicas: Vec<String>,
+    epoch: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct MemberRecord {
+    address: String,
+    state: String,
+    disk_free_bytes: u64,
+    shards: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ControllerRecord {
+    candidate: String,
+}
+
+fn to_json<T: Serialize>(what: &str, record: &T) -> Result<Vec<u8>, MetaError> {
+    serde_json::to_vec(record).map_err(|e| MetaError::Invalid(format!("{what} cannot be encoded: {e}")))
+}
+
+fn from_json<'a, T: Deserialize<'a>>(key: &str, bytes: &'a [u8]) -> Result<T, MetaError> {
+    serde_json::from_slice(bytes).map_err(|e| corrupt(key, e))
+}
+
+fn corrupt(key: &str, reason: impl ToString) -> MetaError {
+    MetaError::Corrupt { key: key.to_owned(), reason: reason.to_string() }
+}
+
+/// The value of `collections/{name}`: everything but the name (the key
+/// holds it).
+pub(super) fn encode_collection(c: &Collection) -> Result<Vec<u8>, MetaError> {
+    let record = CollectionRecord {
+        spec: SpecRecord {
+            dimension: c.spec.dimension,
+            metric: c.spec.metric.as_str().to_owned(),
+            m: c.spec.index.m,
+            ef_construction: c.spec.index.ef_construction,
+            shard_count: c.spec.shard_count,
+        },
+        shards: c
+            .shards
+            .iter()
+            .map(|s| ShardRecord { replicas: s.replicas.iter().map(|n| n.as_str().to_owned()).collect(), epoch: s.epoch })
+            .collect(),
+    };
+    to_json(&format!("collection {}", c.name), &record)
+}
+
+pub(super) fn decode_collection(key: &str, name: CollectionName, bytes: &[u8]) -> Result<Collection, MetaError> {
+    let r: CollectionRecord = from_json(key, bytes)?;
+    let metric = Metric::parse(&r.spec.metric).map_err(|e| corrupt(key, e.message))?;
+    let mut shards = Vec::with_capacity(r.shards.len());
+    for (i, s) in r.shards.into_iter().enumerate() {
+        let replicas = s
+            .replicas
+            .iter()
+            .map(|n| NodeId::parse(n))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| corrupt(key, format!("shard {i}: {e}")))?;
+        shards.push(ShardPlacement { replicas, epoch: s.epoch });
+    }
+    let spec = CollectionSpec {
+        dimension: r.spec.dimension,
+        metric,
+        index: IndexParams { m: r.spec.m, ef_construction: r.spec.ef_construction },
+        shard_count: r.spec.shard_count,
+    };
+    let c = Collection { name, spec, shards };
+    c.check().map_err(|e| corrupt(key, e))?;
+    Ok(c)
+}
+
+/// The value of `nodes/{id}`: what the node says about itself.
+pub(super) fn encode_member(m: &Member) -> Result<Vec<u8>, MetaError> {
+    let record = MemberRecord {
+        address: m.address.clone(),
+        state: m.state.as_str().to_owned(),
+        disk_free_bytes: m.capacity.disk_free_bytes,
+        shards: m.capacity.shards,
+    };
+    to_json(&format!("node {}", m.id), &record)
+}
+
+pub(super) fn decode_member(key: &str, id: NodeId, bytes: &[u8]) -> Result<Member, MetaError> {
+    let r: MemberRecord = from_json(key, bytes)?;
+    let state = NodeState::parse(&r.state).ok_or_else(|| corrupt(key, format!("node state {:?} is not a known one", r.state)))?;
+    Ok(Member { id, address: r.address, state, capacity: Capacity { disk_free_bytes: r.disk_free_bytes, shards: r.shards } })
+}
+
+/// The value of `controller`: who holds it.
+pub(super) fn encode_controller(candidate: &str) -> Result<Vec<u8>, MetaError> {
+    to_json("controller", &ControllerRecord { candidate: candidate.to_owned() })
+}
+
+pub(super) fn decode_controller(key: &str, bytes: &[u8]) -> Result<String, MetaError> {
+    from_json::<ControllerRecord>(key, bytes).map(|r| r.candidate)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn collection() -> impl Strategy<Value = Collection> {
+        let metric = prop_oneof![Just(Metric::Cosine), Just(Metric::Dot), Just(Metric::Euclidean)];
+        let shard = (proptest::collection::btree_set("[a-z0-9/_.-]{1,12}", 1..4), 1..u64::MAX)
+            .prop_map(|(nodes, epoch)| ShardPlacement { replicas: nodes.iter().map(|n| NodeId::parse(n).unwrap()).collect(), epoch });
+        ("[a-z0-9][a-z0-9_-]{0,20}", 1..4096u32, metric, any::<(u32, u32)>(), proptest::collection::vec(shard, 1..20)).prop_map(
+            |(name, dimension, metric, (m, ef_construction), shards)| Collection {
+                name: CollectionName::parse(&name).unwrap(),
+                spec: CollectionSpec { dimension, metric, index: IndexParams { m, ef_construction }, shard_count: shards.len() as u32 },
+                shards,
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn collections_round_trip(c in collection()) {
+            let bytes = encode_collection(&c).unwrap();
+            prop_assert_eq!(decode_collection("k", c.name.clone(), &bytes).unwrap(), c);
+        }
+
+        #[test]
+        fn members_round_trip(id in "[!-~]{1,40}", address in ".{0,40}", state in 0..3usize, free: u64, shards: u32) {
+            let state = [NodeState::Serving, NodeState::Draining, NodeState::Removable][state];
+            let m = Member { id: NodeId::parse(&id).unwrap(), address, state, capacity: Capacity { disk_free_bytes: free, shards } };
+            let bytes = encode_member(&m).unwrap();
+            prop_assert_eq!(decode_member("k", m.id.clone(), &bytes).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn a_large_placement_fits_in_one_etcd_request() {
+        // etcd refuses requests over 1.5 MiB by default (--max-request-bytes);
+        // a collection is one value, so its largest plausible placement must
+        // stay well below: 4,096 shards with three 32-character replicas and
+        // 20-digit epochs take about 150 bytes a shard.
+        let node = |i: usize| NodeId::parse(&format!("shard-node-{i:022}")).unwrap();
+        let shards: Vec<ShardPlacement> =
+            (0..4096).map(|i| ShardPlacement { replicas: vec![node(i), node(i + 1), node(i + 2)], epoch: u64::MAX }).collect();
+        let spec = CollectionSpec { dimension: 1536, metric: Metric::Cosine, index: IndexParams::default(), shard_count: 4096 };
+        let c = Collection { name: CollectionName::parse("docs").unwrap(), spec, shards };
+        let size = encode_collection(&c).unwrap().len();
+        assert!(size < 1 << 20, "{size} bytes");
+    }
+
+    #[test]
+    fn corrupt_values_say_which_key_and_why() {
+        let name = || CollectionName::parse("docs").unwrap();
+        let err = |bytes: &[u8]| match decode_collection("/p/collections/docs", name(), bytes) {
+            Err(MetaError::Corrupt { key, reason }) => {
+                assert_eq!(key, "/p/collections/docs");
+                reason
+            }
+            other => panic!("{other:?}"),
+        };
+        assert!(err(b"not json").contains("expected"), "{}", err(b"not json"));
+        let spec = r#""spec":{"dimension":2,"metric":"cosine","m":0,"ef_construction":0,"shard_count":1}"#;
+        assert!(err(format!(r#"{{{spec},"shards":[]}}"#).as_bytes()).contains("0 placements for 1 shards"));
+        assert!(err(format!(r#"{{{spec},"shards":[{{"replicas":[""],"epoch":1}}]}}"#).as_bytes()).contains("shard 0"));
+        assert!(
+            err(r#"{"spec":{"dimension":2,"metric":"manhattan","m":0,"ef_construction":0,"shard_count":1},"shards":[]}"#.as_bytes())
+                .contains("manhattan")
+        );
+        let good = format!(r#"{{{spec},"shards":[{{"replicas":["n0"],"epoch":1}}]}}"#);
+        assert_eq!(decode_collection("k", name(), good.as_bytes()).unwrap().node_of(0).as_str(), "n0");
+        assert!(matches!(
+            decode_member("k", NodeId::parse("n0").unwrap(), br#"{"address":"a","state":"asleep","disk_free_bytes":0,"shards":0}"#),
+            Err(MetaError::Corrupt { .. })
+        ));
+        assert!(matches!(decode_controller("k", b"{}"), Err(MetaError::Corrupt { .. })));
+    }
+}
