@@ -308,6 +308,12 @@ pub struct ClusterSpec {
     pub node_open_files: HashMap<usize, u64>,
     /// Environment of the coordinator (`SHOAL_COORD_*` settings).
     pub coordinator_env: Vec<(String, String)>,
+    /// Coordinators to start (at least one).
+    pub coordinators: usize,
+    /// etcd endpoint and key prefix: nodes register there and
+    /// coordinators read membership and placement from it (instead of the
+    /// coordinator being given the nodes' addresses).
+    pub etcd: Option<(String, String)>,
 }
 
 impl ClusterSpec {
@@ -321,6 +327,15 @@ impl ClusterSpec {
             node_env_of: HashMap::new(),
             node_open_files: HashMap::new(),
             coordinator_env: Vec::new(),
+            coordinators: 1,
+            etcd: None,
+        }
+    }
+
+    fn etcd_args(&self) -> Vec<String> {
+        match &self.etcd {
+            Some((endpoint, prefix)) => vec!["--etcd".into(), endpoint.clone(), "--etcd-prefix".into(), prefix.clone()],
+            None => Vec::new(),
         }
     }
 }
@@ -329,6 +344,9 @@ impl ClusterSpec {
 pub struct ProcessCluster {
     pub nodes: Vec<Proc>,
     pub coordinator: Proc,
+    /// Coordinators after the first (`ClusterSpec::coordinators`), named
+    /// `coordinator-1`, `coordinator-2`, ...
+    pub more_coordinators: Vec<Proc>,
 }
 
 impl ProcessCluster {
@@ -351,20 +369,32 @@ impl ProcessCluster {
                     "127.0.0.1:0".into(),
                     "--data-dir".into(),
                     data.to_string_lossy().into_owned(),
-                ],
+                ]
+                .into_iter()
+                .chain(spec.etcd_args())
+                .collect(),
                 env,
                 open_files: spec.node_open_files.get(&i).copied(),
             };
             nodes.push(Proc::start(Role::ShardNode, &id, node_spec, spec.dir.join(format!("{id}.log")))?);
         }
-        let mut args = vec!["--listen".to_owned(), "127.0.0.1:0".to_owned()];
-        for n in &nodes {
-            args.push("--shard-node".into());
-            args.push(format!("{}={}", n.id, n.addr));
+        let mut coordinators = Vec::new();
+        for j in 0..spec.coordinators.max(1) {
+            let id = if j == 0 { "coordinator".to_owned() } else { format!("coordinator-{j}") };
+            let mut args = vec!["--listen".to_owned(), "127.0.0.1:0".to_owned(), "--id".into(), id.clone()];
+            if spec.etcd.is_some() {
+                args.extend(spec.etcd_args());
+            } else {
+                for n in &nodes {
+                    args.push("--shard-node".into());
+                    args.push(format!("{}={}", n.id, n.addr));
+                }
+            }
+            let coord_spec = Spec { launcher: spec.launcher.clone(), args, env: spec.coordinator_env.clone(), open_files: None };
+            coordinators.push(Proc::start(Role::Coordinator, &id, coord_spec, spec.dir.join(format!("{id}.log")))?);
         }
-        let coord_spec = Spec { launcher: spec.launcher.clone(), args, env: spec.coordinator_env.clone(), open_files: None };
-        let coordinator = Proc::start(Role::Coordinator, "coordinator", coord_spec, spec.dir.join("coordinator.log"))?;
-        Ok(ProcessCluster { nodes, coordinator })
+        let coordinator = coordinators.remove(0);
+        Ok(ProcessCluster { nodes, coordinator, more_coordinators: coordinators })
     }
 
     /// The coordinator's URL.
@@ -375,7 +405,7 @@ impl ProcessCluster {
     /// Every process's log tail, for a failing test to print.
     pub fn logs(&self) -> String {
         let mut out = String::new();
-        for p in self.nodes.iter().chain(std::iter::once(&self.coordinator)) {
+        for p in self.nodes.iter().chain(std::iter::once(&self.coordinator)).chain(&self.more_coordinators) {
             out.push_str(&format!("--- {} ---\n{}\n", p.id, p.log_tail()));
         }
         out

@@ -10,6 +10,7 @@
 mod codes;
 mod common;
 mod connections;
+mod control_plane;
 mod disk_full;
 mod hung_node;
 mod limits;
@@ -56,6 +57,10 @@ fn main() -> ExitCode {
         trial("metrics_move_with_the_work_done", telemetry::metrics_move_with_the_work_done),
         trial("shoalctl_top_shows_the_metrics_of_each_node", telemetry::shoalctl_top_shows_the_metrics_of_each_node),
         trial("an_unreachable_otlp_collector_stalls_nothing", telemetry::an_unreachable_otlp_collector_stalls_nothing),
+        trial(
+            "etcd_controller_and_node_deaths_are_noticed_within_a_lease",
+            control_plane::etcd_controller_and_node_deaths_are_noticed_within_a_lease,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit_code()
 }
