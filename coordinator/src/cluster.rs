@@ -224,7 +224,7 @@ impl Cluster {
             async move {
                 let node = c.node_of(i);
                 let client = self.client(node)?;
-                let req = v1::CreateShardRequest { shard: Self::shard_id(c, i), spec: Some(wire_spec) };
+                let req = v1::CreateShardRequest { shard: Self::shard_id(c, i), spec: Some(wire_spec), epoch: 0 };
                 self.on_node(node, client.create_shard(req, ADMIN_TIMEOUT)).await
             }
         }))
@@ -395,8 +395,13 @@ impl Cluster {
         let calls = targets.into_iter().map(|(i, part)| {
             let node = c.node_of(i).clone();
             let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = %node, points = part.points.len());
-            let req =
-                v1::ApplyBatchRequest { shard: Self::shard_id(&c, i), source: source.clone(), points: part.points, deletes: part.deletes };
+            let req = v1::ApplyBatchRequest {
+                shard: Self::shard_id(&c, i),
+                source: source.clone(),
+                points: part.points,
+                deletes: part.deletes,
+                epoch: 0,
+            };
             async move {
                 let client = self.client(&node)?;
                 let r = self.on_node(&node, client.apply_batch(req, timeout)).await;
