@@ -162,7 +162,7 @@ impl Cluster {
             c.list_shards(v1::ListShardsRequest {}, Duration::from_secs(5)).await
         }))
         .await;
-        let mut found: BTreeMap<CollectionName, (v1::ShardSpec, BTreeMap<u32, NodeId>)> = BTreeMap::new();
+        let mut found: BTreeMap<CollectionName, (v1::ShardSpec, BTreeMap<u32, (NodeId, u64)>)> = BTreeMap::new();
         let mut failed = Vec::new();
         for (m, reply) in members.iter().zip(replies) {
             match reply {
@@ -171,7 +171,7 @@ impl Cluster {
                         let (Some(id), Some(spec)) = (s.shard, s.spec) else { continue };
                         let Ok(name) = CollectionName::parse(&id.collection) else { continue };
                         let entry = found.entry(name).or_insert_with(|| (spec, BTreeMap::new()));
-                        entry.1.insert(id.shard, m.id.clone());
+                        entry.1.insert(id.shard, (m.id.clone(), s.epoch.max(1)));
                     }
                 }
                 Err(e) => failed.push((m.id.clone(), e)),
@@ -192,7 +192,8 @@ impl Cluster {
                     continue;
                 }
             };
-            let shards = (0..count).map(|i| ShardPlacement::on(shards[&i].clone())).collect();
+            // The epoch the shard is at: a write stamped lower would be refused.
+            let shards = (0..count).map(|i| ShardPlacement { replicas: vec![shards[&i].0.clone()], epoch: shards[&i].1 }).collect();
             match self.meta.create_collection(Collection { name: name.clone(), spec, shards }).await {
                 Ok(_) | Err(MetaError::AlreadyExists(_)) => {}
                 Err(e) => tracing::warn!(collection = %name, error = %e, "could not record a collection found on the nodes"),
@@ -236,7 +237,7 @@ impl Cluster {
             async move {
                 let node = c.node_of(i);
                 let client = self.client(node)?;
-                let req = v1::CreateShardRequest { shard: Self::shard_id(c, i), spec: Some(wire_spec) };
+                let req = v1::CreateShardRequest { shard: Self::shard_id(c, i), spec: Some(wire_spec), epoch: c.shards[i as usize].epoch };
                 self.on_node(node, client.create_shard(req, ADMIN_TIMEOUT)).await
             }
         }))
@@ -407,8 +408,15 @@ impl Cluster {
         let calls = targets.into_iter().map(|(i, part)| {
             let node = c.node_of(i).clone();
             let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = %node, points = part.points.len());
-            let req =
-                v1::ApplyBatchRequest { shard: Self::shard_id(&c, i), source: source.clone(), points: part.points, deletes: part.deletes };
+            let req = v1::ApplyBatchRequest {
+                shard: Self::shard_id(&c, i),
+                source: source.clone(),
+                points: part.points,
+                deletes: part.deletes,
+                // Fencing: a node that has been told of a newer placement
+                // (a move) refuses this write instead of acknowledging it.
+                epoch: c.shards[i as usize].epoch,
+            };
             async move {
                 let client = self.client(&node)?;
                 let r = self.on_node(&node, client.apply_batch(req, timeout)).await;

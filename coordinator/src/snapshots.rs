@@ -187,7 +187,14 @@ impl Cluster {
                 && wanted.len() as u32 == count
             {
                 let spec = CollectionSpec::try_from(spec).map_err(|e| e.context(format!("snapshot {snapshot_id}")))?;
-                let c = Collection { name: name.clone(), spec, shards: placement.into_iter().map(ShardPlacement::on).collect() };
+                // Each shard at the epoch its snapshot carries (writes
+                // stamped lower would be refused).
+                let shards = placement
+                    .into_iter()
+                    .zip(&restored_stats)
+                    .map(|(node, s)| ShardPlacement { replicas: vec![node], epoch: s.epoch.max(1) })
+                    .collect();
+                let c = Collection { name: name.clone(), spec, shards };
                 match self.meta.create_collection(c).await {
                     Ok(_) | Err(MetaError::AlreadyExists(_)) => {}
                     Err(e) => return Err(ShoalError::from(e).context(format!("restored {name}, but could not record it"))),

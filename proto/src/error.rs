@@ -24,6 +24,12 @@ pub enum ErrorCode {
     ResourceExhausted,
     /// The deadline passed before every part answered.
     DeadlineExceeded,
+    /// The target is not in the state the request needs, and retrying it
+    /// unchanged fails again until the caller re-reads that state: a write
+    /// whose epoch is below the shard's (the shard moved: re-read the
+    /// placement), a batch log read the log no longer reaches (re-seed
+    /// from a snapshot), log entries out of order (re-read `last_seq`).
+    FailedPrecondition,
     /// A bug or a broken invariant on the server.
     Internal,
 }
@@ -37,13 +43,15 @@ impl ErrorCode {
             ErrorCode::Unavailable => Code::Unavailable,
             ErrorCode::ResourceExhausted => Code::ResourceExhausted,
             ErrorCode::DeadlineExceeded => Code::DeadlineExceeded,
+            ErrorCode::FailedPrecondition => Code::FailedPrecondition,
             ErrorCode::Internal => Code::Internal,
         }
     }
 
     fn from_grpc(code: Code) -> Self {
         match code {
-            Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => ErrorCode::InvalidArgument,
+            Code::InvalidArgument | Code::OutOfRange => ErrorCode::InvalidArgument,
+            Code::FailedPrecondition => ErrorCode::FailedPrecondition,
             Code::NotFound => ErrorCode::NotFound,
             Code::AlreadyExists => ErrorCode::AlreadyExists,
             Code::Unavailable | Code::Aborted | Code::Cancelled => ErrorCode::Unavailable,
@@ -96,6 +104,10 @@ impl ShoalError {
 
     pub fn deadline(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::DeadlineExceeded, message)
+    }
+
+    pub fn failed_precondition(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::FailedPrecondition, message)
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
@@ -214,10 +226,16 @@ mod tests {
             ErrorCode::AlreadyExists,
             ErrorCode::ResourceExhausted,
             ErrorCode::DeadlineExceeded,
+            ErrorCode::FailedPrecondition,
             ErrorCode::Internal,
         ] {
             let s: Status = ShoalError::new(code, "x").into();
             assert_eq!(ShoalError::from(s).code, code);
         }
+        // A fenced write keeps its code across the hop, so a coordinator
+        // can tell "re-read the placement" from a bad request.
+        let fenced: Status = ShoalError::failed_precondition("shard c/0 is at epoch 3, the write carries 2").into();
+        assert_eq!(fenced.code(), Code::FailedPrecondition);
+        assert_eq!(ShoalError::from_peer(fenced).code, ErrorCode::FailedPrecondition);
     }
 }

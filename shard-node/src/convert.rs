@@ -2,7 +2,7 @@
 //! Destructuring proto messages field by field makes a new field a compile
 //! error here until it is handled.
 
-use shoal_engine::{Error as EngineError, IndexParams, Metric};
+use shoal_engine::{Error as EngineError, IndexParams, LogEntry, Metric, Point, SourceOffset};
 use shoal_proto::v1;
 use shoal_proto::{ErrorCode, ShoalError};
 use shoal_snapshot::{Manifest, Operation, ProgressReport, SnapshotError};
@@ -83,6 +83,13 @@ pub(crate) fn engine_error(e: EngineError) -> ShoalError {
         EngineError::Invalid(_) | EngineError::ParamsMismatch { .. } => ErrorCode::InvalidArgument,
         EngineError::NotFound { .. } => ErrorCode::NotFound,
         EngineError::Stopped { .. } => ErrorCode::DeadlineExceeded,
+        // The caller must re-read something first: the placement, the
+        // copy's last_seq, or re-seed from a snapshot (the message says).
+        EngineError::StaleEpoch { .. }
+        | EngineError::EpochLowered { .. }
+        | EngineError::LogGap { .. }
+        | EngineError::LogTruncated { .. }
+        | EngineError::LogAhead { .. } => ErrorCode::FailedPrecondition,
         EngineError::ResizeBlocked { .. } => {
             return ShoalError::unavailable(e.to_string(), std::time::Duration::from_secs(1));
         }
@@ -97,6 +104,45 @@ pub(crate) fn engine_error(e: EngineError) -> ShoalError {
         }
     };
     ShoalError::new(code, e.to_string())
+}
+
+/// An engine error of shard `collection/shard` in the service's terms,
+/// naming the shard. A write fenced off by its epoch says exactly that.
+pub(crate) fn shard_engine_error(collection: &str, shard: u32, e: EngineError) -> ShoalError {
+    if let EngineError::StaleEpoch { current, carried } = e {
+        return ShoalError::failed_precondition(format!(
+            "shard {collection}/{shard} is at epoch {current}, the write carries {carried}: its placement changed; re-read the placement"
+        ));
+    }
+    engine_error(e).context(format!("shard {collection}/{shard}"))
+}
+
+/// A batch log entry on the wire.
+pub(crate) fn log_entry_to_proto(e: LogEntry) -> v1::LogEntry {
+    let LogEntry { seq, source, points, deletes } = e;
+    v1::LogEntry {
+        seq,
+        source: source.map(|SourceOffset { source, offset }| v1::SourceOffset { source, offset }),
+        points: points
+            .into_iter()
+            .map(|Point { id, vector, payload }| v1::Point { id, vector, payload: payload_from_engine(payload) })
+            .collect(),
+        deletes,
+    }
+}
+
+/// A batch log entry from the wire.
+pub(crate) fn log_entry_from_proto(e: v1::LogEntry) -> LogEntry {
+    let v1::LogEntry { seq, source, points, deletes } = e;
+    LogEntry {
+        seq,
+        source: source.map(|v1::SourceOffset { source, offset }| SourceOffset { source, offset }),
+        points: points
+            .into_iter()
+            .map(|v1::Point { id, vector, payload }| Point { id, vector, payload: payload_to_engine(payload) })
+            .collect(),
+        deletes,
+    }
 }
 
 /// Snapshot errors in the service's terms.
@@ -201,6 +247,38 @@ mod tests {
         }
         assert_eq!(payload_to_engine(None), None);
         assert_eq!(payload_to_engine(Some(v1::Payload { kind: None })), None);
+    }
+
+    /// Entries cross the wire unchanged, payload kinds and all.
+    #[test]
+    fn log_entries_round_trip() {
+        let entry = v1::LogEntry {
+            seq: 7,
+            source: Some(v1::SourceOffset { source: "job".into(), offset: 3 }),
+            points: vec![
+                v1::Point { id: 1, vector: vec![0.6, 0.8], payload: None },
+                v1::Point {
+                    id: 2,
+                    vector: vec![1.0, 0.0],
+                    payload: Some(v1::Payload { kind: Some(v1::payload::Kind::Json("{}".into())) }),
+                },
+            ],
+            deletes: vec![5, 9],
+        };
+        assert_eq!(log_entry_to_proto(log_entry_from_proto(entry.clone())), entry);
+        let bare = v1::LogEntry { seq: 8, source: None, points: vec![], deletes: vec![] };
+        assert_eq!(log_entry_to_proto(log_entry_from_proto(bare.clone())), bare);
+    }
+
+    /// A fenced write names the shard, both epochs and what to do.
+    #[test]
+    fn stale_epochs_are_failed_preconditions_that_say_why() {
+        let e = shard_engine_error("docs", 3, EngineError::StaleEpoch { current: 5, carried: 4 });
+        assert_eq!(e.code, ErrorCode::FailedPrecondition);
+        assert_eq!(e.message, "shard docs/3 is at epoch 5, the write carries 4: its placement changed; re-read the placement");
+        let e = shard_engine_error("docs", 3, EngineError::LogTruncated { from: 2, first: 10 });
+        assert_eq!(e.code, ErrorCode::FailedPrecondition);
+        assert!(e.message.starts_with("shard docs/3: ") && e.message.contains("re-seed"), "{}", e.message);
     }
 
     #[test]

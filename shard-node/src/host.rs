@@ -6,18 +6,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, RwLock};
-use shoal_engine::{Batch, BatchOutcome, Index, IndexOptions, Op, Point};
+use shoal_engine::{Batch, BatchOutcome, Index, IndexOptions, Op, Point, Write, Written};
 use shoal_proto::v1;
 use shoal_proto::{CollectionName, ShoalError};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::config::{NodeLimits, ShardNodeConfig};
-use crate::convert::{engine_error, params_to_spec, payload_from_engine, payload_to_engine, spec_to_params};
+use crate::convert::{engine_error, params_to_spec, payload_from_engine, payload_to_engine, shard_engine_error, spec_to_params};
 use crate::files::shards_the_files_allow;
 use crate::search::{Caller, Searches};
 use crate::snapshots::{Snapshots, clean_up_after_restores, wait_for_last_user};
-use crate::writer::{ShardWriter, WriterOptions};
+use crate::writer::{Answer, Failure, ShardWriter, Work, WriterOptions};
 
 /// (collection, shard number).
 pub type ShardKey = (CollectionName, u32);
@@ -52,14 +52,20 @@ pub(crate) fn write_shard_file(dir: &Path, shard_count: u32) -> std::io::Result<
 }
 
 impl Shard {
-    async fn submit(&self, batch: Batch) -> Result<BatchOutcome, ShoalError> {
+    /// Queues `work` for the shard's writer and waits for its answer; a
+    /// failure names the shard `key`.
+    pub(crate) async fn submit(&self, key: &ShardKey, work: Work) -> Result<Answer, ShoalError> {
         // The writer is taken out only by `close`; a part that arrives after
         // that finds the shard gone.
         let tx = self.writer.lock().as_ref().map(ShardWriter::sender);
-        match tx {
-            Some(tx) => ShardWriter::submit_via(tx, batch).await,
-            None => Err(ShoalError::unavailable("shard is closing", std::time::Duration::from_millis(500))),
-        }
+        let answer = match tx {
+            Some(tx) => ShardWriter::submit_via(tx, work).await,
+            None => Err(Failure::Service(ShoalError::unavailable("shard is closing", std::time::Duration::from_millis(500)))),
+        };
+        answer.map_err(|f| match f {
+            Failure::Refused(e) => shard_engine_error(key.0.as_str(), key.1, e),
+            Failure::Service(e) => shard_error(key)(e),
+        })
     }
 
     async fn close(&self) {
@@ -89,6 +95,8 @@ pub struct ShardHost {
     searches: Searches,
     closing: AtomicBool,
     pub(crate) snapshots: Option<Snapshots>,
+    /// Largest gRPC message the node sends or accepts.
+    pub(crate) max_message_bytes: usize,
 }
 
 /// A shard's place under the node's limit while it is being created;
@@ -149,6 +157,7 @@ impl ShardHost {
             searches: Searches::new(&cfg.limits, cfg.max_message_bytes),
             closing: AtomicBool::new(false),
             snapshots,
+            max_message_bytes: cfg.max_message_bytes,
         });
         for (key, dir) in find_shards(&root)? {
             let shard_count = read_shard_file(&dir)?;
@@ -225,10 +234,13 @@ impl ShardHost {
         self.shards.read().get(key).cloned().ok_or_else(|| ShoalError::not_found(format!("shard {}/{} is not on this node", key.0, key.1)))
     }
 
-    /// Creates a shard, or confirms one that exists with the same spec (so a
-    /// coordinator can retry). A create that fails leaves nothing behind.
+    /// Creates a shard at the request's epoch (0: 1), or confirms one that
+    /// exists with the same spec (so a coordinator can retry), raising its
+    /// epoch to the request's if that is higher. A create that fails leaves
+    /// nothing behind.
     pub async fn create_shard(&self, req: v1::CreateShardRequest) -> Result<v1::ShardStats, ShoalError> {
-        let v1::CreateShardRequest { shard, spec } = req;
+        let v1::CreateShardRequest { shard, spec, epoch } = req;
+        let epoch = epoch.max(1);
         let key = key_of(shard)?;
         let spec = spec.ok_or_else(|| ShoalError::invalid("shard spec is missing"))?;
         let params = spec_to_params(&spec)?;
@@ -253,6 +265,9 @@ impl ShardHost {
                     params
                 )));
             }
+            if existing.index.stats().map_err(engine_error)?.epoch < epoch {
+                existing.submit(&key, Work::Write(Write::Fence { epoch })).await?;
+            }
             return self.stats_of(&key, &existing).await;
         }
         let Some(_place) = self.reserve(&key)? else {
@@ -263,7 +278,7 @@ impl ShardHost {
         };
         let dir = self.dir(&key);
         let opts = self.engine.clone();
-        let index = blocking(move || create_in(&dir, params, opts, shard_count)).await?;
+        let index = blocking(move || create_in(&dir, params, epoch, opts, shard_count)).await?;
         let shard = self.insert(key.clone(), index, shard_count);
         self.stats_of(&key, &shard).await
     }
@@ -309,9 +324,11 @@ impl ShardHost {
         Ok(v1::DropShardResponse {})
     }
 
-    /// Applies one batch part; returns once it is committed.
+    /// Applies one batch part; returns once it is committed. A part whose
+    /// epoch is below the shard's is refused with FAILED_PRECONDITION; 0
+    /// is an unfenced caller.
     pub async fn apply(&self, req: v1::ApplyBatchRequest) -> Result<v1::ApplyBatchResponse, ShoalError> {
-        let v1::ApplyBatchRequest { shard, source, points, deletes } = req;
+        let v1::ApplyBatchRequest { shard, source, points, deletes, epoch } = req;
         let key = key_of(shard)?;
         let target = self.get(&key)?;
         let mut ops = Vec::with_capacity(points.len() + deletes.len());
@@ -327,7 +344,10 @@ impl ShardHost {
             ops = ops.len(),
             queue_wait_ms = tracing::field::Empty
         );
-        let outcome = target.submit(Batch { ops, source }).instrument(span).await.map_err(shard_error(&key))?;
+        let answer = target.submit(&key, Work::Write(Write::Batch { batch: Batch { ops, source }, epoch })).instrument(span).await?;
+        let Answer::Written(Written::Batch(outcome)) = answer else {
+            return Err(ShoalError::internal(format!("shard {}/{}: the writer answered a batch with something else", key.0, key.1)));
+        };
         Ok(match outcome {
             BatchOutcome::Applied { upserted, deleted, missing } => v1::ApplyBatchResponse {
                 status: v1::BatchStatus::Applied as i32,
@@ -383,7 +403,7 @@ impl ShardHost {
         self.stats_of(&key, &shard).await
     }
 
-    async fn stats_of(&self, key: &ShardKey, shard: &Shard) -> Result<v1::ShardStats, ShoalError> {
+    pub(crate) async fn stats_of(&self, key: &ShardKey, shard: &Shard) -> Result<v1::ShardStats, ShoalError> {
         let index = Arc::clone(&shard.index);
         let key = key.clone();
         let shard_count = shard.shard_count;
@@ -399,6 +419,10 @@ impl ShardHost {
                 disk_bytes: stats.disk_bytes,
                 offsets: offsets.into_iter().map(|(source, offset)| v1::SourceOffset { source, offset }).collect(),
                 snapshot,
+                epoch: stats.epoch,
+                last_seq: stats.last_seq,
+                log_first_seq: stats.batch_log_first_seq,
+                log_bytes: stats.batch_log_bytes,
             })
         })
         .await
@@ -454,11 +478,11 @@ fn find_shards(root: &Path) -> anyhow::Result<Vec<(ShardKey, PathBuf)>> {
 /// Creates the index and its shard file in `dir`; on failure removes what
 /// it made (the directory, and the collection's if it made that too), so a
 /// refused create leaves no files behind.
-fn create_in(dir: &Path, params: shoal_engine::IndexParams, opts: IndexOptions, shard_count: u32) -> Result<Index, ShoalError> {
+fn create_in(dir: &Path, params: shoal_engine::IndexParams, epoch: u64, opts: IndexOptions, shard_count: u32) -> Result<Index, ShoalError> {
     let parent = dir.parent().map(Path::to_owned);
     let parent_existed = parent.as_ref().is_some_and(|p| p.exists());
     let dir_existed = dir.exists();
-    let made = Index::open_or_create(dir, params, opts).map_err(engine_error).and_then(|index| {
+    let made = Index::open_or_create_at_epoch(dir, params, epoch, opts).map_err(engine_error).and_then(|index| {
         write_shard_file(dir, shard_count).map_err(|e| io_error(e, format!("writing {}", dir.join(SHARD_FILE).display())))?;
         Ok(index)
     });

@@ -9,6 +9,7 @@ mod files;
 pub mod host;
 mod memory;
 mod metrics;
+mod moves;
 pub mod registration;
 mod search;
 pub mod server;

@@ -69,6 +69,18 @@ impl ShardNode for ShardNodeService {
         Ok(Response::new(self.host.prune_snapshots(r.into_inner()).await?))
     }
 
+    async fn fence_shard(&self, r: Request<v1::FenceShardRequest>) -> Result<Response<v1::ShardStats>, Status> {
+        Ok(Response::new(self.host.fence_shard(r.into_inner()).await?))
+    }
+
+    async fn read_batch_log(&self, r: Request<v1::ReadBatchLogRequest>) -> Result<Response<v1::ReadBatchLogResponse>, Status> {
+        Ok(Response::new(self.host.read_batch_log(r.into_inner()).await?))
+    }
+
+    async fn apply_log_entries(&self, r: Request<v1::ApplyLogEntriesRequest>) -> Result<Response<v1::ApplyLogEntriesResponse>, Status> {
+        Ok(Response::new(self.host.apply_log_entries(r.into_inner()).await?))
+    }
+
     async fn get_snapshot_progress(
         &self,
         _: Request<v1::SnapshotProgressRequest>,

@@ -7,12 +7,18 @@
 //! commits it together; each part still gets its own outcome. The queue is
 //! bounded: when it is full, `submit` waits, and that wait travels back to
 //! the coordinator and through gRPC flow control to the ingest job.
+//!
+//! Everything that writes a shard goes through its writer, in queue order:
+//! a fence (`FenceShard`) commits in the group after the batches queued
+//! before it and refuses the stale ones queued after it, and entries of
+//! another copy's batch log (`ApplyLogEntries`) commit in a transaction of
+//! their own, all or none.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use opentelemetry::KeyValue;
-use shoal_engine::{Batch, BatchOutcome, Index};
+use shoal_engine::{BatchOutcome, Error as EngineError, Index, LogApplied, LogEntry, Write, Written};
 use shoal_proto::ShoalError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -38,9 +44,44 @@ impl Default for WriterOptions {
     }
 }
 
+/// What a job asks of the shard's writer.
+pub(crate) enum Work {
+    /// A batch or a fence: committed together with the others waiting.
+    Write(Write),
+    /// Entries of another copy's batch log: applied in a transaction of
+    /// their own, all or none, in queue order with everything else.
+    Log { entries: Vec<LogEntry>, epoch: u64 },
+}
+
+impl Work {
+    fn ops(&self) -> usize {
+        match self {
+            Work::Write(Write::Batch { batch, .. }) => batch.ops.len(),
+            Work::Write(Write::Fence { .. }) => 1,
+            Work::Log { entries, .. } => entries.iter().map(|e| e.points.len() + e.deletes.len()).sum(),
+        }
+    }
+}
+
+/// What the writer did with a job.
+pub(crate) enum Answer {
+    Written(Written),
+    Log(LogApplied),
+}
+
+/// Why a job was not done.
+pub(crate) enum Failure {
+    /// This job failed on its own (refused as invalid, fenced off or out
+    /// of order; or, for a log job, any engine error); the others went
+    /// ahead.
+    Refused(EngineError),
+    /// The commit or the writer failed; nothing was written.
+    Service(ShoalError),
+}
+
 struct Job {
-    batch: Batch,
-    reply: oneshot::Sender<Result<BatchOutcome, ShoalError>>,
+    work: Work,
+    reply: oneshot::Sender<Result<Answer, Failure>>,
     /// The submitting request's span: the group commit continues its trace
     /// and records its queue wait in it.
     span: tracing::Span,
@@ -75,13 +116,13 @@ impl ShardWriter {
         JobSender(self.tx.clone())
     }
 
-    /// Queues `batch` and waits until it is committed (or rejected).
-    pub(crate) async fn submit_via(tx: JobSender, batch: Batch) -> Result<BatchOutcome, ShoalError> {
+    /// Queues `work` and waits until it is committed (or refused).
+    pub(crate) async fn submit_via(tx: JobSender, work: Work) -> Result<Answer, Failure> {
         let (reply, done) = oneshot::channel();
-        tx.0.send(Job { batch, reply, span: tracing::Span::current(), queued: Instant::now() })
+        tx.0.send(Job { work, reply, span: tracing::Span::current(), queued: Instant::now() })
             .await
-            .map_err(|_| ShoalError::unavailable("shard is closing", std::time::Duration::from_millis(500)))?;
-        done.await.map_err(|_| ShoalError::internal("shard writer stopped before answering"))?
+            .map_err(|_| Failure::Service(ShoalError::unavailable("shard is closing", std::time::Duration::from_millis(500))))?;
+        done.await.map_err(|_| Failure::Service(ShoalError::internal("shard writer stopped before answering")))?
     }
 
     /// Stops accepting parts, commits everything already queued, and waits.
@@ -93,13 +134,26 @@ impl ShardWriter {
 
 async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions, labels: [KeyValue; 2]) {
     let m = metrics::get();
-    while let Some(first) = rx.recv().await {
-        let mut ops = first.batch.ops.len();
+    // A log job found while gathering a group: it runs right after it.
+    let mut held: Option<Job> = None;
+    loop {
+        let first = match held.take() {
+            Some(job) => job,
+            None => match rx.recv().await {
+                Some(job) => job,
+                None => break,
+            },
+        };
+        let mut ops = first.work.ops();
         let mut jobs = vec![first];
-        while jobs.len() < opts.max_group_parts && ops < opts.max_group_ops {
+        while matches!(jobs[0].work, Work::Write(_)) && jobs.len() < opts.max_group_parts && ops < opts.max_group_ops {
             match rx.try_recv() {
+                Ok(job) if matches!(job.work, Work::Log { .. }) => {
+                    held = Some(job);
+                    break;
+                }
                 Ok(job) => {
-                    ops += job.batch.ops.len();
+                    ops += job.work.ops();
                     jobs.push(job);
                 }
                 Err(_) => break,
@@ -114,33 +168,49 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
             job.span.record("queue_wait_ms", wait.as_secs_f64() * 1000.0);
             group.follows_from(&job.span);
         }
-        let (batches, replies): (Vec<Batch>, Vec<_>) = jobs.into_iter().map(|j| (j.batch, j.reply)).unzip();
-        let index = Arc::clone(&index);
         let started = Instant::now();
-        let result = tokio::task::spawn_blocking(move || group.in_scope(|| index.apply_group(batches))).in_current_span().await;
+        let (works, replies): (Vec<Work>, Vec<_>) = jobs.into_iter().map(|j| (j.work, j.reply)).unzip();
+        let index = Arc::clone(&index);
+        let result = tokio::task::spawn_blocking(move || group.in_scope(|| commit(&index, works))).in_current_span().await;
         m.commit_duration.record(started.elapsed().as_secs_f64(), &labels);
         match result {
-            Ok(Ok(outcomes)) => {
-                for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                    if let Ok(BatchOutcome::Applied { upserted, deleted, .. }) = &outcome {
+            Ok(Ok(answers)) => {
+                for (reply, answer) in replies.into_iter().zip(answers) {
+                    if let Ok(Answer::Written(Written::Batch(BatchOutcome::Applied { upserted, deleted, .. }))) = &answer {
                         m.points_upserted.add(*upserted as u64, &labels);
                         m.points_deleted.add(*deleted as u64, &labels);
                     }
-                    let _ = reply.send(outcome.map_err(|e| ShoalError::invalid(e.to_string())));
+                    let _ = reply.send(answer);
                 }
             }
             Ok(Err(e)) => {
-                let e = engine_error(e);
                 for reply in replies {
-                    let _ = reply.send(Err(e.clone()));
+                    let _ = reply.send(Err(Failure::Service(e.clone())));
                 }
             }
             Err(join) => {
                 let e = ShoalError::internal(format!("shard writer panicked: {join}"));
                 for reply in replies {
-                    let _ = reply.send(Err(e.clone()));
+                    let _ = reply.send(Err(Failure::Service(e.clone())));
                 }
             }
         }
     }
+}
+
+/// Commits one group: writes together, or one log job alone. The outer
+/// error means nothing was committed.
+fn commit(index: &Index, works: Vec<Work>) -> Result<Vec<Result<Answer, Failure>>, ShoalError> {
+    let mut writes = Vec::with_capacity(works.len());
+    for work in works {
+        match work {
+            Work::Write(w) => writes.push(w),
+            // Gathered alone (see `run`).
+            Work::Log { entries, epoch } => {
+                return Ok(vec![index.apply_log(entries, epoch).map(Answer::Log).map_err(Failure::Refused)]);
+            }
+        }
+    }
+    let outcomes = index.write(writes).map_err(engine_error)?;
+    Ok(outcomes.into_iter().map(|o| o.map(Answer::Written).map_err(|r| Failure::Refused(r.into()))).collect())
 }

@@ -162,6 +162,7 @@ async fn duplicate_ids_count_once_and_the_last_offset_is_refused() {
             source: Some(v1::SourceOffset { source: "job".into(), offset: u64::MAX }),
             points: vec![],
             deletes: vec![],
+            epoch: 0,
         })
         .await
         .unwrap_err();

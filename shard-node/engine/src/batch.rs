@@ -90,3 +90,43 @@ pub enum BatchOutcome {
         current: u64,
     },
 }
+
+/// One write of a group commit ([`crate::Index::write`]), in the order the
+/// shard's writer received it.
+///
+/// Epochs fence writes where they land: the control plane raises a
+/// shard's epoch whenever its ownership changes, and a write stamped with
+/// an epoch below the shard's is refused ([`crate::Rejected::StaleEpoch`]),
+/// whatever the sender believes. Epoch 0 means an unfenced writer (the
+/// single coordinator, tests): never refused, never raising anything.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    /// A batch, stamped with the epoch of the placement its sender acted
+    /// on. An epoch above the shard's raises the shard's to it, in the
+    /// batch's transaction (if the batch is accepted).
+    Batch {
+        /// The batch.
+        batch: Batch,
+        /// Its epoch; 0 for an unfenced writer.
+        epoch: u64,
+    },
+    /// Raises the shard's epoch to `epoch` (an equal one changes nothing;
+    /// a lower one is refused). Writes after it in the group, and every
+    /// later group, are checked against it.
+    Fence {
+        /// The new epoch.
+        epoch: u64,
+    },
+}
+
+/// What one accepted [`Write`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// The batch was applied or skipped.
+    Batch(BatchOutcome),
+    /// The shard's epoch is now `epoch`.
+    Fenced {
+        /// The epoch after the fence.
+        epoch: u64,
+    },
+}

@@ -169,7 +169,11 @@ pub(crate) fn decode_links(bytes: &[u8], out: &mut Vec<u32>) -> bool {
 ///
 /// 5: codes in blocks ([`codes_block_nodes`]).
 /// 7: the link log (`links_log`) and its epoch in [`State`] (6 was taken by
-///    the unmerged `aligned-codes` layout).
+///    the unmerged `aligned-codes` layout). Still 7 with the shard epoch,
+///    the batch log (`batch_log`, its own database) and their fields in
+///    [`State`]: an index of 7 without them opens unchanged, reading as
+///    epoch 1 with an empty batch log (a binary from before them refuses
+///    the longer state record as malformed rather than misreading it).
 pub(crate) const FORMAT_VERSION: u32 = 7;
 
 /// Meta key of the parameters.
@@ -223,7 +227,7 @@ pub(crate) fn decode_params(b: &[u8]) -> Result<IndexParams, ParamsDecodeError> 
 }
 
 /// The index's mutable state, rewritten by every commit.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct State {
     /// Next internal id to hand out; ids below it are all allocated.
     pub(crate) next_id: u32,
@@ -237,10 +241,32 @@ pub(crate) struct State {
     /// key of the value it appended, and what pairs a reader with its
     /// version of the log's index (`links_log::LogVersions`).
     pub(crate) log_epoch: u64,
+    /// The shard's epoch: how many times its ownership changed, as the
+    /// control plane counts it. Writes stamped with a lower one are
+    /// refused (see `Index::fence`). At least 1.
+    pub(crate) shard_epoch: u64,
+    /// Sequence number of the last batch applied (0: none yet); every
+    /// applied batch takes the next one (see `batch_log`).
+    pub(crate) last_seq: u64,
+    /// First sequence number the batch log still holds; `last_seq + 1`
+    /// when it holds none.
+    pub(crate) log_first_seq: u64,
+    /// Bytes of the batch log's values.
+    pub(crate) log_bytes: u64,
+}
+
+impl Default for State {
+    /// An empty index at epoch 1 with an empty batch log; also what an
+    /// index written before epochs and the batch log reads as.
+    fn default() -> Self {
+        State { next_id: 0, entry: None, live: 0, tombstones: 0, log_epoch: 0, shard_epoch: 1, last_seq: 0, log_first_seq: 1, log_bytes: 0 }
+    }
 }
 
 impl State {
-    const SIZE: usize = 4 + 1 + 4 + 1 + 8 + 8 + 8;
+    /// Size of the record before epochs and the batch log (still read).
+    const SIZE_V7: usize = 4 + 1 + 4 + 1 + 8 + 8 + 8;
+    const SIZE: usize = Self::SIZE_V7 + 4 * 8;
 
     pub(crate) fn encode(&self) -> [u8; Self::SIZE] {
         let mut b = [0u8; Self::SIZE];
@@ -253,11 +279,17 @@ impl State {
         b[10..18].copy_from_slice(&self.live.to_le_bytes());
         b[18..26].copy_from_slice(&self.tombstones.to_le_bytes());
         b[26..34].copy_from_slice(&self.log_epoch.to_le_bytes());
+        b[34..42].copy_from_slice(&self.shard_epoch.to_le_bytes());
+        b[42..50].copy_from_slice(&self.last_seq.to_le_bytes());
+        b[50..58].copy_from_slice(&self.log_first_seq.to_le_bytes());
+        b[58..66].copy_from_slice(&self.log_bytes.to_le_bytes());
         b
     }
 
+    /// Decodes a record of either size: one written before epochs and the
+    /// batch log reads as epoch 1 with an empty log.
     pub(crate) fn decode(b: &[u8]) -> Option<State> {
-        if b.len() != Self::SIZE {
+        if b.len() != Self::SIZE && b.len() != Self::SIZE_V7 {
             return None;
         }
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
@@ -271,7 +303,24 @@ impl State {
             1 => Some((u32_at(5), b[9])),
             _ => return None,
         };
-        Some(State { next_id: u32_at(0), entry, live: u64_at(10), tombstones: u64_at(18), log_epoch: u64_at(26) })
+        let mut state =
+            State { next_id: u32_at(0), entry, live: u64_at(10), tombstones: u64_at(18), log_epoch: u64_at(26), ..State::default() };
+        if b.len() == Self::SIZE {
+            state.shard_epoch = u64_at(34);
+            state.last_seq = u64_at(42);
+            state.log_first_seq = u64_at(50);
+            state.log_bytes = u64_at(58);
+            // The log holds `last_seq + 1 - log_first_seq` entries.
+            if state.shard_epoch == 0 || state.log_first_seq == 0 || state.log_first_seq > state.last_seq.checked_add(1)? {
+                return None;
+            }
+        }
+        Some(state)
+    }
+
+    /// Entries the batch log holds.
+    pub(crate) fn log_entries(&self) -> u64 {
+        self.last_seq + 1 - self.log_first_seq
     }
 }
 
@@ -300,9 +349,38 @@ mod tests {
         }
 
         #[test]
-        fn state_round_trips(next_id: u32, entry: Option<(u32, u8)>, live: u64, tombstones: u64, log_epoch: u64) {
-            let s = State { next_id, entry, live, tombstones, log_epoch };
+        fn state_round_trips(
+            next_id: u32,
+            entry: Option<(u32, u8)>,
+            live: u64,
+            tombstones: u64,
+            log_epoch: u64,
+            shard_epoch in 1u64..,
+            last_seq in 0u64..u64::MAX,
+            held: u64,
+            log_bytes: u64,
+        ) {
+            let log_first_seq = last_seq + 1 - held.min(last_seq);
+            let s = State { next_id, entry, live, tombstones, log_epoch, shard_epoch, last_seq, log_first_seq, log_bytes };
+            prop_assert_eq!(s.encode().len(), 66);
             prop_assert_eq!(State::decode(&s.encode()), Some(s));
+        }
+
+        /// A state written before epochs and the batch log (34 bytes)
+        /// reads as epoch 1 with an empty log and the rest unchanged.
+        #[test]
+        fn states_of_format_7_read_as_epoch_1_with_an_empty_log(
+            next_id: u32,
+            entry: Option<(u32, u8)>,
+            live: u64,
+            tombstones: u64,
+            log_epoch: u64,
+        ) {
+            let s = State { next_id, entry, live, tombstones, log_epoch, ..State::default() };
+            let old = &s.encode()[..34];
+            let read = State::decode(old).unwrap();
+            prop_assert_eq!(read, s);
+            prop_assert_eq!((read.shard_epoch, read.last_seq, read.log_first_seq, read.log_entries()), (1, 0, 1, 0));
         }
 
         #[test]

@@ -46,6 +46,11 @@ pub struct CopyInfo {
     pub tombstones: u64,
     /// Every source's highest applied offset, sorted by name.
     pub offsets: Vec<(String, u64)>,
+    /// The shard's epoch in that commit.
+    pub epoch: u64,
+    /// Sequence number of the last batch in the copy: a copy restored
+    /// from it catches up from the batch log starting at the next one.
+    pub last_seq: u64,
     /// Bytes written to the sink.
     pub bytes: u64,
 }
@@ -111,7 +116,16 @@ impl Index {
             let copied = copier.join().map_err(|_| io(std::io::Error::other("the copy thread panicked")))?;
             streamed.map_err(io)?;
             copied.map_err(|e| store.err(e))?;
-            let info = CopyInfo { params: self.params, txn_id, live: state.live, tombstones: state.tombstones, offsets, bytes: total };
+            let info = CopyInfo {
+                params: self.params,
+                txn_id,
+                live: state.live,
+                tombstones: state.tombstones,
+                offsets,
+                epoch: state.shard_epoch,
+                last_seq: state.last_seq,
+                bytes: total,
+            };
             Ok(info)
         })
     }

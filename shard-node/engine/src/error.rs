@@ -105,6 +105,60 @@ pub enum Error {
         detail: String,
     },
 
+    /// The write carries an epoch below the shard's: whoever sent it acted
+    /// on a placement that has changed since (the shard moved, or is
+    /// moving). Nothing was written. Re-read the placement and send the
+    /// write where it now says, with its epoch.
+    #[error("the shard is at epoch {current}, the write carries {carried}: its placement changed; re-read the placement")]
+    StaleEpoch {
+        /// The shard's epoch.
+        current: u64,
+        /// The write's.
+        carried: u64,
+    },
+
+    /// A fence asked to lower the shard's epoch, which only ever grows.
+    #[error("the shard is at epoch {current}; a fence cannot lower it to {requested}")]
+    EpochLowered {
+        /// The shard's epoch.
+        current: u64,
+        /// The fence's.
+        requested: u64,
+    },
+
+    /// A batch log entry does not follow the last batch this copy applied:
+    /// entries are applied in order, each exactly once. Read the copy's
+    /// `last_seq` and send from the entry after it.
+    #[error("log entry {seq} does not follow the last batch applied here ({last}): entries {} to {} are missing", last + 1, seq.saturating_sub(1))]
+    LogGap {
+        /// The copy's last sequence number.
+        last: u64,
+        /// The entry's.
+        seq: u64,
+    },
+
+    /// The batch log no longer holds the entries asked for (retention
+    /// trimmed them): a copy that far behind must be re-seeded from a
+    /// snapshot.
+    #[error("the batch log starts at entry {first}; entry {from} was trimmed: re-seed the copy from a snapshot")]
+    LogTruncated {
+        /// The first entry asked for.
+        from: u64,
+        /// The first entry the log holds.
+        first: u64,
+    },
+
+    /// Entries asked for past the shard's last batch: the copy that asks
+    /// claims to be ahead of this one (it applied writes this one never
+    /// saw), so it cannot catch up from here.
+    #[error("entry {from} was asked for, but the last batch applied here is {last}: the copies diverged")]
+    LogAhead {
+        /// The first entry asked for.
+        from: u64,
+        /// The shard's last sequence number.
+        last: u64,
+    },
+
     /// Internal ids are 32-bit; the shard holds as many points as it can.
     #[error("shard is out of internal ids ({used} used of {max}); split it into more shards")]
     IdSpaceExhausted {
@@ -228,4 +282,50 @@ pub enum InvalidInput {
     /// Index parameters that cannot build a sensible graph.
     #[error("invalid index parameters: {0}")]
     BadParams(String),
+}
+
+/// Why one write of a group commit was refused. It left no trace; the
+/// group's other writes went ahead.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejected {
+    /// The batch itself is wrong.
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+    /// The write carries an epoch below the shard's (see
+    /// [`Error::StaleEpoch`]).
+    #[error("the shard is at epoch {current}, the write carries {carried}: its placement changed; re-read the placement")]
+    StaleEpoch {
+        /// The shard's epoch when the write's turn came.
+        current: u64,
+        /// The write's.
+        carried: u64,
+    },
+    /// A fence below the shard's epoch (see [`Error::EpochLowered`]).
+    #[error("the shard is at epoch {current}; a fence cannot lower it to {requested}")]
+    EpochLowered {
+        /// The shard's epoch.
+        current: u64,
+        /// The fence's.
+        requested: u64,
+    },
+    /// A log entry out of order (see [`Error::LogGap`]).
+    #[error("log entry {seq} does not follow the last batch applied here ({last}): entries {} to {} are missing", last + 1, seq.saturating_sub(1))]
+    LogGap {
+        /// The copy's last sequence number.
+        last: u64,
+        /// The entry's.
+        seq: u64,
+    },
+}
+
+impl From<Rejected> for Error {
+    fn from(r: Rejected) -> Error {
+        match r {
+            Rejected::Invalid(e) => Error::Invalid(e),
+            Rejected::StaleEpoch { current, carried } => Error::StaleEpoch { current, carried },
+            Rejected::EpochLowered { current, requested } => Error::EpochLowered { current, requested },
+            Rejected::LogGap { last, seq } => Error::LogGap { last, seq },
+        }
+    }
 }

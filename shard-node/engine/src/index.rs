@@ -8,15 +8,16 @@ use std::time::Duration;
 use heed::{PutFlags, RwTxn};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
-use crate::batch::{Batch, BatchOutcome};
+use crate::batch::{Batch, BatchOutcome, Op, Write, Written};
+use crate::batch_log::{self, BatchLogRetention, LogApplied, LogEntry, LogRead};
 use crate::build::{BuildCtx, LinkBlocks, Overlay, WorkQueue};
 use crate::cache::SharedAddrs;
 use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, State};
-use crate::error::{Error, InvalidInput, Result};
+use crate::error::{Error, InvalidInput, Rejected, Result};
 use crate::hnsw::level_for;
 use crate::links_log::{self, LogIndex, LogVersions};
 use crate::params::IndexParams;
-use crate::plan::{self, Plan};
+use crate::plan::{self, Done, Item, Kind, Plan};
 use crate::session::{self, Hit, SearchParams, Session, StoredPoint};
 use crate::stop::Stop;
 use crate::store::{self, Store, StoreOptions};
@@ -65,6 +66,11 @@ pub struct IndexOptions {
     /// Where a batch writes the changed bottom-layer lists of existing
     /// nodes. Default `LinkLog::Auto { fold_lists: 131_072 }`.
     pub link_log: LinkLog,
+    /// How many recent batches the batch log keeps for other copies to
+    /// catch up from (see [`Index::read_log`]). Default 10,000 batches or
+    /// 256 MiB, whichever is reached first; [`BatchLogRetention::OFF`]
+    /// keeps none.
+    pub batch_log: BatchLogRetention,
 }
 
 /// Where a batch writes the bottom-layer lists of existing nodes that it
@@ -168,6 +174,7 @@ impl Default for IndexOptions {
             resize_wait: Duration::from_secs(30),
             rescore: Rescore::default(),
             link_log: LinkLog::default(),
+            batch_log: BatchLogRetention::default(),
         }
     }
 }
@@ -196,6 +203,17 @@ pub struct IndexStats {
     /// Bottom-layer lists in the link log, waiting for a fold (see
     /// [`LinkLog`]); a list changed by two batches counts twice.
     pub link_log_lists: u64,
+    /// The shard's epoch (see [`Index::fence`]).
+    pub epoch: u64,
+    /// Sequence number of the last applied batch (0: none yet).
+    pub last_seq: u64,
+    /// First sequence number the batch log holds (`last_seq + 1` when
+    /// it holds none).
+    pub batch_log_first_seq: u64,
+    /// Entries in the batch log.
+    pub batch_log_entries: u64,
+    /// Bytes of the batch log's entries.
+    pub batch_log_bytes: u64,
 }
 
 /// One shard's vector index in its own LMDB environment.
@@ -226,7 +244,8 @@ pub struct Index {
 /// What [`Index::open`] does when the directory holds no index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Missing {
-    Create(IndexParams),
+    /// Create it with these parameters, at this epoch.
+    Create(IndexParams, u64),
     Fail,
 }
 
@@ -234,8 +253,14 @@ impl Index {
     /// Opens the index in `path`, creating it with `params` if there is
     /// none. An existing index must have been created with the same params.
     pub fn open_or_create(path: impl AsRef<Path>, params: IndexParams, opts: IndexOptions) -> Result<Index> {
+        Self::open_or_create_at_epoch(path, params, 1, opts)
+    }
+
+    /// As [`Index::open_or_create`]; an index it creates starts at
+    /// `epoch` (0 reads as 1). An existing index keeps its own epoch.
+    pub fn open_or_create_at_epoch(path: impl AsRef<Path>, params: IndexParams, epoch: u64, opts: IndexOptions) -> Result<Index> {
         params.validate()?;
-        Self::open_with(path.as_ref(), Missing::Create(params), opts)
+        Self::open_with(path.as_ref(), Missing::Create(params, epoch.max(1)), opts)
     }
 
     /// Opens an existing index.
@@ -323,7 +348,7 @@ impl Index {
                     path: store.path.clone(),
                     detail: format!("stored index parameters are invalid: {e}"),
                 })?;
-                if let Missing::Create(requested) = missing
+                if let Missing::Create(requested, _) = missing
                     && requested != found
                 {
                     return Err(Error::ParamsMismatch {
@@ -335,9 +360,10 @@ impl Index {
                 wtxn.abort();
                 Ok(found)
             }
-            (None, Missing::Create(params)) => {
+            (None, Missing::Create(params, epoch)) => {
+                let state = State { shard_epoch: epoch, ..State::default() };
                 store.dbs.meta.put(&mut wtxn, codec::META_PARAMS, &codec::encode_params(&params)).map_err(|e| store.err(e))?;
-                store.dbs.meta.put(&mut wtxn, codec::META_STATE, &State::default().encode()).map_err(|e| store.err(e))?;
+                store.dbs.meta.put(&mut wtxn, codec::META_STATE, &state.encode()).map_err(|e| store.err(e))?;
                 wtxn.commit().map_err(|e| store.err(e))?;
                 Ok(params)
             }
@@ -355,29 +381,147 @@ impl Index {
         &self.store.path
     }
 
-    /// Applies one batch atomically. Invalid input is an
+    /// Applies one batch atomically, unfenced. Invalid input is an
     /// [`Error::Invalid`] and changes nothing.
     pub fn apply(&self, batch: Batch) -> Result<BatchOutcome> {
-        let mut outcomes = self.apply_group(vec![batch])?;
-        match outcomes.pop() {
-            Some(Ok(outcome)) => Ok(outcome),
-            Some(Err(invalid)) => Err(Error::Invalid(invalid)),
-            None => Err(Error::Invalid(InvalidInput::EmptyBatch)),
+        self.apply_fenced(batch, 0)
+    }
+
+    /// Applies one batch atomically if `epoch` is not below the shard's
+    /// (0: unfenced); a higher epoch becomes the shard's in the batch's
+    /// transaction. A lower one is [`Error::StaleEpoch`] and changes
+    /// nothing.
+    pub fn apply_fenced(&self, batch: Batch, epoch: u64) -> Result<BatchOutcome> {
+        match self.write_one(Item { batch, kind: Kind::Fresh, epoch })? {
+            Done::Batch(outcome) => Ok(outcome),
+            Done::Fenced { .. } | Done::Replayed { .. } => Err(self.mixed_up()),
         }
     }
 
-    /// Applies several batches in one write transaction (group commit). Each
-    /// batch is accepted or rejected whole; the accepted ones commit
+    /// Raises the shard's epoch to `epoch` durably and returns it; from
+    /// then on writes stamped with a lower epoch are refused. Ordered
+    /// with batches by the writer lock: a batch in flight commits first.
+    /// Raising to the current epoch changes nothing; lowering it is
+    /// [`Error::EpochLowered`].
+    pub fn fence(&self, epoch: u64) -> Result<u64> {
+        match self.write_one(Item { batch: Batch::default(), kind: Kind::Fence, epoch })? {
+            Done::Fenced { epoch } => Ok(epoch),
+            Done::Batch(_) | Done::Replayed { .. } => Err(self.mixed_up()),
+        }
+    }
+
+    /// Applies several unfenced batches in one write transaction (group
+    /// commit). Each batch is accepted or rejected whole; the accepted ones
+    /// commit together. The outer error means nothing was committed.
+    pub fn apply_group(&self, batches: Vec<Batch>) -> Result<Vec<Result<BatchOutcome, Rejected>>> {
+        let writes = batches.into_iter().map(|batch| Write::Batch { batch, epoch: 0 }).collect();
+        let outcomes = self.write(writes)?;
+        Ok(outcomes
+            .into_iter()
+            .map(|o| match o {
+                Ok(Written::Batch(outcome)) => Ok(outcome),
+                // Only batches were written.
+                Ok(Written::Fenced { epoch }) => Err(Rejected::EpochLowered { current: epoch, requested: 0 }),
+                Err(e) => Err(e),
+            })
+            .collect())
+    }
+
+    /// Applies a group of writes, in order, in one write transaction
+    /// (the shard writer's group commit). Each write is accepted or
+    /// refused on its own ([`Rejected`]: invalid, or fenced off by its
+    /// epoch) and a refused one leaves no trace; the accepted ones commit
     /// together. The outer error means nothing was committed.
-    pub fn apply_group(&self, mut batches: Vec<Batch>) -> Result<Vec<Result<BatchOutcome, InvalidInput>>> {
+    pub fn write(&self, writes: Vec<Write>) -> Result<Vec<Result<Written, Rejected>>> {
+        let items = writes
+            .into_iter()
+            .map(|w| match w {
+                Write::Batch { batch, epoch } => Item { batch, kind: Kind::Fresh, epoch },
+                Write::Fence { epoch } => Item { batch: Batch::default(), kind: Kind::Fence, epoch },
+            })
+            .collect();
+        let (done, _) = self.write_items(items, false)?;
+        Ok(done
+            .into_iter()
+            .map(|d| match d? {
+                Done::Batch(outcome) => Ok(Written::Batch(outcome)),
+                Done::Fenced { epoch } => Ok(Written::Fenced { epoch }),
+                // Only batches and fences were written.
+                Done::Replayed { .. } => Err(Rejected::Invalid(InvalidInput::EmptyBatch)),
+            })
+            .collect())
+    }
+
+    /// Applies entries of another copy's batch log (see
+    /// [`Index::read_log`]) in one write transaction, all or none, fenced
+    /// by `epoch` like a batch. Each entry applies only if its sequence
+    /// number is the one after this copy's last: entries this copy holds
+    /// already are skipped, a gap is [`Error::LogGap`]. An applied entry
+    /// moves its source's offset (never backwards) and is appended to
+    /// this copy's own log under the same number, so this copy's log
+    /// continues the other's.
+    pub fn apply_log(&self, entries: Vec<LogEntry>, epoch: u64) -> Result<LogApplied> {
+        let items: Vec<Item> = entries
+            .into_iter()
+            .map(|e| {
+                let mut ops: Vec<Op> = Vec::with_capacity(e.deletes.len() + e.points.len());
+                ops.extend(e.deletes.into_iter().map(Op::DeleteIfPresent));
+                ops.extend(e.points.into_iter().map(Op::Upsert));
+                Item { batch: Batch { ops, source: e.source }, kind: Kind::Replay(e.seq), epoch }
+            })
+            .collect();
+        let (done, last_seq) = self.write_items(items, true)?;
+        let (mut applied, mut skipped) = (0, 0);
+        for d in done {
+            match d? {
+                Done::Replayed { skipped: true } => skipped += 1,
+                Done::Replayed { skipped: false } => applied += 1,
+                Done::Batch(_) | Done::Fenced { .. } => return Err(self.mixed_up()),
+            }
+        }
+        Ok(LogApplied { last_seq, applied, skipped })
+    }
+
+    /// Entries of the batch log from sequence number `from_seq` on, as
+    /// many as fit in `max_bytes` of stored entries (at least one if there
+    /// is one), with the log's first and last numbers. A copy restored
+    /// from a snapshot of this shard holds the batches up to its own
+    /// `last_seq` and reads from the one after. [`Error::LogTruncated`]
+    /// if the log no longer reaches back to `from_seq` (re-seed the copy
+    /// from a snapshot); [`Error::LogAhead`] if `from_seq` is past the
+    /// next batch.
+    pub fn read_log(&self, from_seq: u64, max_bytes: u64) -> Result<LogRead> {
+        let _shared = self.resize.read();
+        let txn = self.store.env.read_txn().map_err(|e| self.store.err(e))?;
+        let state = session::read_state(&self.store, &txn)?;
+        batch_log::read(&self.store, &txn, &state, from_seq, max_bytes, self.params.dim as usize)
+    }
+
+    fn mixed_up(&self) -> Error {
+        Error::Corrupt { path: self.store.path.clone(), detail: "a write's outcome is of another kind (a bug)".into() }
+    }
+
+    /// One item in its own transaction; its refusal is the error.
+    fn write_one(&self, item: Item) -> Result<Done> {
+        let (mut done, _) = self.write_items(vec![item], true)?;
+        match done.pop() {
+            Some(d) => Ok(d?),
+            None => Err(self.mixed_up()),
+        }
+    }
+
+    /// Writes a group of items in one transaction. With `all_or_nothing`,
+    /// one refused item aborts the transaction (the outcomes say which).
+    /// Also returns the last sequence number after the group.
+    fn write_items(&self, mut items: Vec<Item>, all_or_nothing: bool) -> Result<(Vec<Result<Done, Rejected>>, u64)> {
         let checked: Vec<Result<(), InvalidInput>> =
-            batches.iter_mut().map(|b| plan::prepare(b, &self.params, self.opts.max_payload_bytes)).collect();
+            items.iter_mut().map(|item| plan::prepare_item(item, &self.params, self.opts.max_payload_bytes)).collect();
         let _writer = self.writer.lock();
-        let _span = tracing::debug_span!("engine.apply", batches = batches.len()).entered();
+        let _span = tracing::debug_span!("engine.apply", batches = items.len()).entered();
         loop {
             let attempt = {
                 let shared = self.resize.read();
-                self.write_once(&batches, &checked, &shared)
+                self.write_once(&items, &checked, &shared, all_or_nothing)
             };
             match attempt {
                 Ok(outcomes) => return Ok(outcomes),
@@ -389,25 +533,31 @@ impl Index {
 
     fn write_once(
         &self,
-        batches: &[Batch],
+        items: &[Item],
         checked: &[Result<(), InvalidInput>],
         shared: &SharedAddrs,
-    ) -> Result<Vec<Result<BatchOutcome, InvalidInput>>, Attempt> {
+        all_or_nothing: bool,
+    ) -> Result<(Vec<Result<Done, Rejected>>, u64), Attempt> {
         let store = &self.store;
         let mut wtxn = store.env.write_txn().map_err(|e| attempt(store, e))?;
         let state = session::read_state(store, &wtxn)?;
         let resolving = tracing::debug_span!("resolve").entered();
         let mut plan = plan::resolve(
-            batches,
+            items,
             checked,
+            plan::Start { epoch: state.shard_epoch, last_seq: state.last_seq },
             |id| session::lookup_external(store, &wtxn, id),
             |source| session::read_offset(store, &wtxn, source),
         )?;
         crate::locality::order(&mut plan.inserts, &self.params);
         drop(resolving);
-        if plan.is_empty() {
+        if all_or_nothing && plan.outcomes.iter().any(Result::is_err) {
             wtxn.abort();
-            return Ok(plan.outcomes);
+            return Ok((plan.outcomes, state.last_seq));
+        }
+        if plan.is_empty(state.shard_epoch) {
+            wtxn.abort();
+            return Ok((plan.outcomes, plan.last_seq));
         }
         let next = u64::from(state.next_id) + plan.inserts.len() as u64;
         if next > u64::from(u32::MAX) {
@@ -424,12 +574,18 @@ impl Index {
             detail: format!("link log epoch {} has no index (the file changed under the index?)", state.log_epoch),
         })?;
         let Linked { entry, log: new_log } = self.link(&mut wtxn, &plan, levels, Base { state: &state, shared, log: &log }, live)?;
+        let (log_first_seq, log_bytes) = tracing::debug_span!("batch_log", entries = plan.logged.len())
+            .in_scope(|| self.write_batch_log(&mut wtxn, items, &plan, &state))?;
         let new_state = State {
             next_id: next as u32,
             entry,
             live,
             tombstones: state.tombstones + plan.tombstones.len() as u64,
             log_epoch: state.log_epoch + u64::from(new_log.is_some()),
+            shard_epoch: plan.epoch,
+            last_seq: plan.last_seq,
+            log_first_seq,
+            log_bytes,
         };
         let put = |w: &mut RwTxn<'_>, db: store::Db, k: &[u8], v: &[u8]| db.put(w, k, v).map_err(|e| attempt(store, e));
         put(&mut wtxn, store.dbs.meta, codec::META_STATE, &new_state.encode())?;
@@ -452,7 +608,55 @@ impl Index {
         self.generation.fetch_add(1, Ordering::Release);
         // Idle sessions pin the previous snapshot's pages; let them go.
         self.sessions.lock().clear();
-        Ok(plan.outcomes)
+        Ok((plan.outcomes, plan.last_seq))
+    }
+
+    /// Appends the group's accepted batches to the batch log under their
+    /// sequence numbers and drops the oldest entries past the retention.
+    /// Returns the log's first sequence number and bytes afterwards.
+    fn write_batch_log(&self, wtxn: &mut RwTxn<'_>, items: &[Item], plan: &Plan<'_>, state: &State) -> Result<(u64, u64), Attempt> {
+        let store = &self.store;
+        let db = store.dbs.batch_log;
+        let err = |e| attempt(store, e);
+        let BatchLogRetention { max_batches, max_bytes } = self.opts.batch_log;
+        if max_batches == 0 {
+            // Off: nothing is kept, and entries an earlier setting kept
+            // would leave a hole in the numbers: drop them.
+            if state.log_entries() > 0 {
+                db.clear(wtxn).map_err(err)?;
+            }
+            return Ok((plan.last_seq + 1, 0));
+        }
+        let (mut first, mut bytes) = (state.log_first_seq, state.log_bytes);
+        let dim = self.params.dim as usize;
+        let mut value = Vec::new();
+        for logged in &plan.logged {
+            let batch = &items[logged.item].batch;
+            let points = logged.upserts.iter().filter_map(|&op| match &batch.ops[op] {
+                Op::Upsert(p) => Some((p.id, p.vector.as_slice(), p.payload.as_deref())),
+                Op::Delete(_) | Op::DeleteIfPresent(_) => None,
+            });
+            let points: Vec<_> = points.collect();
+            batch_log::encode(&mut value, batch.source.as_ref(), &logged.deletes, points.into_iter(), dim);
+            // Sequence numbers only grow: every entry is the largest key.
+            db.put_with_flags(wtxn, PutFlags::APPEND, &batch_log::key(logged.seq), &value).map_err(err)?;
+            bytes += value.len() as u64;
+        }
+        // The oldest go first; the newest always stays.
+        let mut entries = (plan.last_seq + 1).saturating_sub(first);
+        while entries > max_batches || (entries > 1 && bytes > max_bytes) {
+            let key = batch_log::key(first);
+            let len = db
+                .get(wtxn, &key)
+                .map_err(err)?
+                .map(<[u8]>::len)
+                .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("batch log entry {first} is missing") })?;
+            db.delete(wtxn, &key).map_err(err)?;
+            bytes = bytes.saturating_sub(len as u64);
+            first += 1;
+            entries -= 1;
+        }
+        Ok((first, bytes))
     }
 
     /// Retires replaced and deleted nodes and writes the new points' vectors,
@@ -935,6 +1139,11 @@ impl Index {
             used_bytes: self.store.used_bytes(),
             commits: self.generation.load(Ordering::Acquire),
             link_log_lists: snap.session.log_records(),
+            epoch: s.shard_epoch,
+            last_seq: s.last_seq,
+            batch_log_first_seq: s.log_first_seq,
+            batch_log_entries: s.log_entries(),
+            batch_log_bytes: s.log_bytes,
         })
     }
 
@@ -998,6 +1207,16 @@ impl Snapshot<'_> {
     pub fn offset(&self, source: &str) -> Result<Option<u64>> {
         check_source(source)?;
         self.session.offset(&self.index.store, source)
+    }
+
+    /// The shard's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.session.state.shard_epoch
+    }
+
+    /// Sequence number of the last applied batch (0: none yet).
+    pub fn last_seq(&self) -> u64 {
+        self.session.state.last_seq
     }
 
     /// Every source's highest applied offset.
@@ -1072,6 +1291,11 @@ impl From<Error> for Attempt {
             | Error::DiskFull { .. }
             | Error::OpenFileLimit { .. }
             | Error::Stopped { .. }
+            | Error::StaleEpoch { .. }
+            | Error::EpochLowered { .. }
+            | Error::LogGap { .. }
+            | Error::LogTruncated { .. }
+            | Error::LogAhead { .. }
             | Error::Corrupt { .. }
             | Error::IdSpaceExhausted { .. }
             | Error::Storage { .. }
@@ -1222,6 +1446,49 @@ mod tests {
             Err(other) => panic!("expected a corruption error, got {other}"),
             Ok(_) => panic!("a damaged log was accepted"),
         }
+    }
+
+    /// An index written before epochs and the batch log (format 7 with a
+    /// 34-byte state and no `batch_log` database) opens unchanged, at
+    /// epoch 1 with an empty log, and numbers its next batch 1.
+    #[test]
+    fn an_index_from_before_epochs_opens_at_epoch_1_with_an_empty_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = IndexOptions { build_threads: 1, durable: false, ..IndexOptions::default() };
+        let point = |i: u64| (i, (0..8).map(|j| ((i * 7 + j * 3) % 101) as f32 + i as f32 * 0.01).collect::<Vec<f32>>());
+        let index = Index::open_or_create(dir.path(), IndexParams::new(8, crate::Metric::Euclidean), opts.clone()).unwrap();
+        index.apply(Batch::upserts((0..50).map(point)).with_source("job", 3)).unwrap();
+        index.fence(6).unwrap();
+        drop(index);
+        // Make it what the previous build wrote.
+        {
+            let store = Store::open(
+                dir.path(),
+                &StoreOptions { initial_map_size: 1 << 20, max_map_size: 1 << 30, max_readers: 16, durable: false, read_ahead: false },
+            )
+            .unwrap();
+            let mut wtxn = store.env.write_txn().unwrap();
+            let state = session::read_state(&store, &wtxn).unwrap();
+            let old = State { shard_epoch: 1, last_seq: 0, log_first_seq: 1, log_bytes: 0, ..state };
+            store.dbs.meta.put(&mut wtxn, codec::META_STATE, &old.encode()[..34]).unwrap();
+            // SAFETY: no other handle of this database is used afterwards.
+            unsafe { store.dbs.batch_log.remove(&mut wtxn).unwrap() };
+            wtxn.commit().unwrap();
+            let txn = store.env.read_txn().unwrap();
+            assert_eq!(store.dbs.meta.get(&txn, codec::META_STATE).unwrap().unwrap().len(), 34);
+        }
+        let index = Index::open(dir.path(), opts).unwrap();
+        let s = index.stats().unwrap();
+        assert_eq!((s.live, s.epoch, s.last_seq, s.batch_log_first_seq, s.batch_log_entries), (50, 1, 0, 1, 0));
+        assert_eq!(index.offsets().unwrap(), vec![("job".to_string(), 3)]);
+        assert!(index.read_log(1, u64::MAX).unwrap().entries.is_empty());
+        for i in 0..50 {
+            assert_eq!(index.search(&point(i).1, SearchParams::new(1, 64)).unwrap()[0].id, i);
+        }
+        index.apply(Batch::upserts((50..60).map(point))).unwrap();
+        let read = index.read_log(1, u64::MAX).unwrap();
+        assert_eq!((read.first_seq, read.last_seq, read.entries.len()), (1, 1, 1));
+        assert_eq!(index.stats().unwrap().live, 60);
     }
 
     /// The shared vector addresses must stay valid across commits: after

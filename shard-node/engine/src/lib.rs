@@ -25,6 +25,7 @@
 compile_error!("shoal stores vectors in little-endian order and reads them in place");
 
 mod batch;
+mod batch_log;
 mod build;
 mod cache;
 mod codec;
@@ -44,9 +45,10 @@ mod stop;
 mod store;
 mod view;
 
-pub use batch::{Batch, BatchOutcome, MAX_SOURCE_BYTES, Op, Point, SourceOffset};
+pub use batch::{Batch, BatchOutcome, MAX_SOURCE_BYTES, Op, Point, SourceOffset, Write, Written};
+pub use batch_log::{BatchLogRetention, LogApplied, LogEntry, LogRead};
 pub use copy::{CopyInfo, CopyMode};
-pub use error::{Error, InvalidInput, Location, Result};
+pub use error::{Error, InvalidInput, Location, Rejected, Result};
 pub use index::{Index, IndexOptions, IndexStats, LinkLog, Rescore, Snapshot};
 pub use metric::{Metric, VectorError};
 pub use params::{IndexParams, MAX_DIM};

@@ -150,7 +150,7 @@ pub enum VectorError {
 }
 
 /// Squared length in f64: large but finite components cannot overflow it.
-fn squared_length(v: &[f32]) -> f64 {
+pub(crate) fn squared_length(v: &[f32]) -> f64 {
     v.iter().map(|&x| f64::from(x) * f64::from(x)).sum()
 }
 

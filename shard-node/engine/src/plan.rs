@@ -11,15 +11,64 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::batch::{Batch, BatchOutcome, MAX_SOURCE_BYTES, Op};
-use crate::error::{InvalidInput, Location, Result};
+use crate::error::{InvalidInput, Location, Rejected, Result};
 use crate::params::IndexParams;
 
+/// What one write of a group is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A batch from a writer: skipped if its source offset was applied
+    /// already, else it takes the next sequence number.
+    Fresh,
+    /// An entry of another copy's batch log with its sequence number:
+    /// applied only if it is the next one, skipped if held already. Its
+    /// vectors are in stored form.
+    Replay(u64),
+    /// Raises the epoch; its batch is empty.
+    Fence,
+}
+
+/// One write of a group: a batch, what kind of write it is, its epoch
+/// (0: unfenced).
+pub(crate) struct Item {
+    pub(crate) batch: Batch,
+    pub(crate) kind: Kind,
+    pub(crate) epoch: u64,
+}
+
+/// What an accepted item did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Done {
+    Batch(BatchOutcome),
+    Fenced { epoch: u64 },
+    Replayed { skipped: bool },
+}
+
+/// Checks an item's batch on its own and brings its vectors into stored
+/// form. A fence has nothing to check.
+pub(crate) fn prepare_item(item: &mut Item, params: &IndexParams, max_payload: usize) -> Result<(), InvalidInput> {
+    match item.kind {
+        Kind::Fence => Ok(()),
+        Kind::Fresh => prepare(&mut item.batch, params, max_payload, false),
+        Kind::Replay(_) => prepare(&mut item.batch, params, max_payload, true),
+    }
+}
+
+/// Squared length a stored cosine vector may differ from 1 by and still
+/// be taken as stored (f32 rounding of a normalised 384-d vector leaves
+/// about 1e-6).
+const UNIT_TOLERANCE: f64 = 1e-4;
+
 /// Checks a batch on its own and brings its vectors into stored form.
-pub(crate) fn prepare(batch: &mut Batch, params: &IndexParams, max_payload: usize) -> Result<(), InvalidInput> {
+/// `stored`: the batch comes from a batch log, its vectors are in stored
+/// form already and are kept bit for bit (normalising a unit vector again
+/// could move its last bits); it may be empty (a batch that changed
+/// nothing still has its sequence number).
+pub(crate) fn prepare(batch: &mut Batch, params: &IndexParams, max_payload: usize, stored: bool) -> Result<(), InvalidInput> {
     // A batch without operations is only meaningful as a position in a
     // source: a coordinator records a source's offset on every shard, also
     // on those that received no point of that batch.
-    if batch.ops.is_empty() && batch.source.is_none() {
+    if batch.ops.is_empty() && batch.source.is_none() && !stored {
         return Err(InvalidInput::EmptyBatch);
     }
     if let Some(s) = &batch.source
@@ -46,7 +95,10 @@ pub(crate) fn prepare(batch: &mut Batch, params: &IndexParams, max_payload: usiz
     }
     for o in &mut batch.ops {
         if let Op::Upsert(p) = o {
-            params.metric.prepare(&mut p.vector);
+            let unit = || (crate::metric::squared_length(&p.vector) - 1.0).abs() <= UNIT_TOLERANCE;
+            if !(stored && (params.metric != crate::Metric::Cosine || unit())) {
+                params.metric.prepare(&mut p.vector);
+            }
         }
     }
     Ok(())
@@ -59,10 +111,22 @@ pub(crate) struct NewPoint<'b> {
     pub(crate) payload: Option<&'b [u8]>,
 }
 
+/// An accepted batch as the batch log records it: what it did.
+pub(crate) struct Logged {
+    /// Its sequence number.
+    pub(crate) seq: u64,
+    /// Its position in the group.
+    pub(crate) item: usize,
+    /// Positions of its upserts that left a point, by ascending id.
+    pub(crate) upserts: Vec<usize>,
+    /// Ids it emptied that held a point before it, ascending.
+    pub(crate) deletes: Vec<u64>,
+}
+
 /// Everything one write transaction must do.
 pub(crate) struct Plan<'b> {
-    /// One per input batch, in order.
-    pub(crate) outcomes: Vec<Result<BatchOutcome, InvalidInput>>,
+    /// One per input item, in order.
+    pub(crate) outcomes: Vec<Result<Done, Rejected>>,
     /// Points to add, in the order they receive internal ids.
     pub(crate) inserts: Vec<NewPoint<'b>>,
     /// Existing internal ids to retire (deleted or replaced), ascending.
@@ -71,12 +135,19 @@ pub(crate) struct Plan<'b> {
     pub(crate) removed: Vec<u64>,
     /// New highest offset per source.
     pub(crate) offsets: Vec<(&'b str, u64)>,
+    /// The accepted batches, in sequence order, for the batch log.
+    pub(crate) logged: Vec<Logged>,
+    /// The shard's epoch after the group.
+    pub(crate) epoch: u64,
+    /// The last sequence number after the group.
+    pub(crate) last_seq: u64,
 }
 
 impl Plan<'_> {
-    /// True if the transaction would change nothing.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.inserts.is_empty() && self.tombstones.is_empty() && self.offsets.is_empty()
+    /// True if the transaction would change nothing of a state at epoch
+    /// `epoch`.
+    pub(crate) fn is_empty(&self, epoch: u64) -> bool {
+        self.inserts.is_empty() && self.tombstones.is_empty() && self.offsets.is_empty() && self.logged.is_empty() && self.epoch == epoch
     }
 }
 
@@ -109,33 +180,78 @@ fn held_before(
     })
 }
 
-/// Resolves prepared batches against the index. `checked[i]` is the result
-/// of [`prepare`] for batch `i`; `lookup` maps an external id to its live
-/// internal id; `stored_offset` reads a source's highest applied offset.
+/// Where a group starts: the shard's epoch and last sequence number.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Start {
+    pub(crate) epoch: u64,
+    pub(crate) last_seq: u64,
+}
+
+/// Resolves prepared items against the index. `checked[i]` is the result
+/// of [`prepare_item`] for item `i`; `lookup` maps an external id to its
+/// live internal id; `stored_offset` reads a source's highest applied
+/// offset. An item refused for any reason leaves no trace, not even the
+/// epoch it carried.
 pub(crate) fn resolve<'b>(
-    batches: &'b [Batch],
+    items: &'b [Item],
     checked: &[Result<(), InvalidInput>],
+    start: Start,
     mut lookup: impl FnMut(u64) -> Result<Option<u32>>,
     mut stored_offset: impl FnMut(&str) -> Result<Option<u64>>,
 ) -> Result<Plan<'b>> {
     let mut known: FxHashMap<u64, Option<u32>> = FxHashMap::default();
     let mut fate: FxHashMap<u64, Fate> = FxHashMap::default();
     let mut offsets: FxHashMap<&'b str, u64> = FxHashMap::default();
-    let mut outcomes = Vec::with_capacity(batches.len());
+    let mut outcomes = Vec::with_capacity(items.len());
+    let mut logged = Vec::new();
+    let Start { mut epoch, mut last_seq } = start;
 
-    for (b, (batch, check)) in batches.iter().zip(checked).enumerate() {
+    for (b, (item, check)) in items.iter().zip(checked).enumerate() {
         if let Err(e) = check {
-            outcomes.push(Err(e.clone()));
+            outcomes.push(Err(Rejected::Invalid(e.clone())));
             continue;
         }
-        if let Some(s) = &batch.source {
-            let current = match offsets.get(s.source.as_str()) {
-                Some(&o) => Some(o),
-                None => stored_offset(&s.source)?,
-            };
-            if let Some(current) = current.filter(|&c| s.offset <= c) {
-                outcomes.push(Ok(BatchOutcome::Skipped { current }));
+        // Epoch 0 is an unfenced writer: accepted at any epoch, raising
+        // nothing. A fence of 0 would lower the epoch (always at least 1).
+        if item.kind == Kind::Fence && item.epoch < epoch {
+            outcomes.push(Err(Rejected::EpochLowered { current: epoch, requested: item.epoch }));
+            continue;
+        }
+        if item.epoch != 0 && item.epoch < epoch {
+            outcomes.push(Err(Rejected::StaleEpoch { current: epoch, carried: item.epoch }));
+            continue;
+        }
+        // Adopted once the item is accepted.
+        let raised = epoch.max(item.epoch);
+        let batch = &item.batch;
+        match item.kind {
+            Kind::Fence => {
+                epoch = raised;
+                outcomes.push(Ok(Done::Fenced { epoch }));
                 continue;
+            }
+            Kind::Replay(seq) if seq <= last_seq => {
+                epoch = raised;
+                outcomes.push(Ok(Done::Replayed { skipped: true }));
+                continue;
+            }
+            Kind::Replay(seq) if seq != last_seq + 1 => {
+                outcomes.push(Err(Rejected::LogGap { last: last_seq, seq }));
+                continue;
+            }
+            Kind::Replay(_) => {}
+            Kind::Fresh => {
+                if let Some(s) = &batch.source {
+                    let current = match offsets.get(s.source.as_str()) {
+                        Some(&o) => Some(o),
+                        None => stored_offset(&s.source)?,
+                    };
+                    if let Some(current) = current.filter(|&c| s.offset <= c) {
+                        epoch = raised;
+                        outcomes.push(Ok(Done::Batch(BatchOutcome::Skipped { current })));
+                        continue;
+                    }
+                }
             }
         }
         // Apply the batch to a local journal first, so that a rejected
@@ -171,16 +287,25 @@ pub(crate) fn resolve<'b>(
             }
         }
         if let Some(e) = rejected {
-            outcomes.push(Err(e));
+            outcomes.push(Err(Rejected::Invalid(e)));
             continue;
         }
         // Each id counts once, by what the batch did to it (the rule is
-        // documented on `BatchOutcome::Applied`).
+        // documented on `BatchOutcome::Applied`); the same pass gathers
+        // what the batch log records.
         let (mut upserted, mut deleted, mut missing) = (0, 0, 0);
+        let mut upserts: Vec<(u64, usize)> = Vec::new();
+        let mut deletes: Vec<u64> = Vec::new();
         for (id, f) in &local {
             match f {
-                Fate::Upsert { .. } => upserted += 1,
-                Fate::Deleted if held_before(*id, &fate, &mut known, &mut lookup)? => deleted += 1,
+                Fate::Upsert { op, .. } => {
+                    upserted += 1;
+                    upserts.push((*id, *op));
+                }
+                Fate::Deleted if held_before(*id, &fate, &mut known, &mut lookup)? => {
+                    deleted += 1;
+                    deletes.push(*id);
+                }
                 Fate::Deleted => {}
             }
         }
@@ -191,9 +316,29 @@ pub(crate) fn resolve<'b>(
         }
         fate.extend(local);
         if let Some(s) = &batch.source {
-            offsets.insert(s.source.as_str(), s.offset);
+            // A replayed entry's seq decides whether it applies, not its
+            // offset; the offset only ever grows.
+            let offset = match item.kind {
+                Kind::Replay(_) => {
+                    let current = match offsets.get(s.source.as_str()) {
+                        Some(&o) => Some(o),
+                        None => stored_offset(&s.source)?,
+                    };
+                    current.map_or(s.offset, |c| c.max(s.offset))
+                }
+                Kind::Fresh | Kind::Fence => s.offset,
+            };
+            offsets.insert(s.source.as_str(), offset);
         }
-        outcomes.push(Ok(BatchOutcome::Applied { upserted, deleted, missing }));
+        epoch = raised;
+        last_seq += 1;
+        upserts.sort_unstable();
+        deletes.sort_unstable();
+        logged.push(Logged { seq: last_seq, item: b, upserts: upserts.into_iter().map(|(_, op)| op).collect(), deletes });
+        outcomes.push(Ok(match item.kind {
+            Kind::Replay(_) => Done::Replayed { skipped: false },
+            Kind::Fresh | Kind::Fence => Done::Batch(BatchOutcome::Applied { upserted, deleted, missing }),
+        }));
     }
 
     let mut inserts: Vec<(usize, usize, NewPoint<'b>)> = Vec::new();
@@ -207,7 +352,7 @@ pub(crate) fn resolve<'b>(
         tombstones.extend(old);
         match f {
             Fate::Upsert { batch, op } => {
-                if let Op::Upsert(p) = &batches[batch].ops[op] {
+                if let Op::Upsert(p) = &items[batch].batch.ops[op] {
                     inserts.push((batch, op, NewPoint { external, vector: &p.vector, payload: p.payload.as_deref() }));
                 }
             }
@@ -222,7 +367,7 @@ pub(crate) fn resolve<'b>(
     removed.sort_unstable();
     let mut offsets: Vec<(&'b str, u64)> = offsets.into_iter().collect();
     offsets.sort_unstable();
-    Ok(Plan { outcomes, inserts: inserts.into_iter().map(|(_, _, p)| p).collect(), tombstones, removed, offsets })
+    Ok(Plan { outcomes, inserts: inserts.into_iter().map(|(_, _, p)| p).collect(), tombstones, removed, offsets, logged, epoch, last_seq })
 }
 
 #[cfg(test)]
@@ -230,26 +375,63 @@ mod tests {
     use super::*;
     use crate::batch::Point;
 
+    fn prepare_raw(batch: &mut Batch, params: &IndexParams, max_payload: usize) -> Result<(), InvalidInput> {
+        prepare(batch, params, max_payload, false)
+    }
+
     fn up(id: u64) -> Op {
         Op::Upsert(Point { id, vector: vec![1.0, 0.0], payload: None })
     }
 
-    fn run<'b>(batches: &'b [Batch], existing: &[(u64, u32)], stored: &[(&str, u64)]) -> Plan<'b> {
-        let checked: Vec<_> = batches.iter().map(|_| Ok(())).collect();
+    /// A plan's parts, owned.
+    struct Resolved {
+        outcomes: Vec<Result<BatchOutcome, InvalidInput>>,
+        /// External ids, in the order they receive internal ids.
+        inserts: Vec<u64>,
+        tombstones: Vec<u32>,
+        removed: Vec<u64>,
+        offsets: Vec<(String, u64)>,
+    }
+
+    fn resolve_items<'b>(items: &'b [Item], start: Start, existing: &[(u64, u32)], stored: &[(&str, u64)]) -> Plan<'b> {
+        let checked: Vec<_> = items.iter().map(|_| Ok(())).collect();
         resolve(
-            batches,
+            items,
             &checked,
+            start,
             |id| Ok(existing.iter().find(|e| e.0 == id).map(|e| e.1)),
             |s| Ok(stored.iter().find(|e| e.0 == s).map(|e| e.1)),
         )
         .unwrap()
     }
 
+    /// Resolves unfenced batches.
+    fn run(batches: &[Batch], existing: &[(u64, u32)], stored: &[(&str, u64)]) -> Resolved {
+        let items: Vec<Item> = batches.iter().map(|b| Item { batch: b.clone(), kind: Kind::Fresh, epoch: 0 }).collect();
+        let plan = resolve_items(&items, Start { epoch: 1, last_seq: 0 }, existing, stored);
+        let outcomes = plan
+            .outcomes
+            .iter()
+            .map(|o| match o {
+                Ok(Done::Batch(b)) => Ok(b.clone()),
+                Err(Rejected::Invalid(e)) => Err(e.clone()),
+                other => panic!("unexpected outcome {other:?}"),
+            })
+            .collect();
+        Resolved {
+            outcomes,
+            inserts: plan.inserts.iter().map(|p| p.external).collect(),
+            tombstones: plan.tombstones,
+            removed: plan.removed,
+            offsets: plan.offsets.iter().map(|(s, o)| (s.to_string(), *o)).collect(),
+        }
+    }
+
     #[test]
     fn later_ops_win_and_replacements_retire_the_old_node() {
         let batches = [Batch { ops: vec![up(1), up(2), Op::Delete(2), up(3), up(1)], source: None }];
         let plan = run(&batches, &[(3, 30)], &[]);
-        let ids: Vec<u64> = plan.inserts.iter().map(|p| p.external).collect();
+        let ids: Vec<u64> = plan.inserts.clone();
         assert_eq!(ids, vec![3, 1], "id 1's last upsert (op 4) comes after id 3's (op 3)");
         assert_eq!(plan.tombstones, vec![30]);
         assert!(plan.removed.is_empty(), "id 2 never existed outside the batch");
@@ -349,28 +531,28 @@ mod tests {
         let plan = run(&batches, &[], &[("a", 5)]);
         assert_eq!(plan.outcomes[0], Ok(BatchOutcome::Skipped { current: 5 }));
         assert_eq!(plan.outcomes[2], Ok(BatchOutcome::Skipped { current: 6 }));
-        assert_eq!(plan.offsets, vec![("a", 6), ("b", 1)]);
-        assert_eq!(plan.inserts.iter().map(|p| p.external).collect::<Vec<_>>(), vec![2, 4]);
+        assert_eq!(plan.offsets, vec![("a".to_owned(), 6), ("b".to_owned(), 1)]);
+        assert_eq!(plan.inserts, vec![2, 4]);
     }
 
     #[test]
     fn prepare_rejects_before_touching_anything() {
         let params = IndexParams::new(2, crate::Metric::Cosine);
         let mut empty = Batch::default();
-        assert_eq!(prepare(&mut empty, &params, 10), Err(InvalidInput::EmptyBatch));
+        assert_eq!(prepare_raw(&mut empty, &params, 10), Err(InvalidInput::EmptyBatch));
         let mut position_only = Batch::default().with_source("job", 3);
-        assert_eq!(prepare(&mut position_only, &params, 10), Ok(()));
+        assert_eq!(prepare_raw(&mut position_only, &params, 10), Ok(()));
         let mut big = Batch { ops: vec![Op::Upsert(Point { id: 1, vector: vec![1.0, 1.0], payload: Some(vec![0; 11]) })], source: None };
-        assert_eq!(prepare(&mut big, &params, 10), Err(InvalidInput::PayloadTooLarge { op: 0, len: 11, max: 10 }));
+        assert_eq!(prepare_raw(&mut big, &params, 10), Err(InvalidInput::PayloadTooLarge { op: 0, len: 11, max: 10 }));
         let mut named = Batch::upserts([(1, vec![1.0, 1.0])]).with_source("", 1);
-        assert!(matches!(prepare(&mut named, &params, 10), Err(InvalidInput::BadSourceName { len: 0, .. })));
+        assert!(matches!(prepare_raw(&mut named, &params, 10), Err(InvalidInput::BadSourceName { len: 0, .. })));
         for mut last in [Batch::upserts([(1, vec![1.0, 1.0])]).with_source("job", u64::MAX), Batch::default().with_source("job", u64::MAX)]
         {
-            assert_eq!(prepare(&mut last, &params, 10), Err(InvalidInput::OffsetOutOfRange { offset: u64::MAX }));
+            assert_eq!(prepare_raw(&mut last, &params, 10), Err(InvalidInput::OffsetOutOfRange { offset: u64::MAX }));
         }
-        assert_eq!(prepare(&mut Batch::default().with_source("job", u64::MAX - 1), &params, 10), Ok(()));
+        assert_eq!(prepare_raw(&mut Batch::default().with_source("job", u64::MAX - 1), &params, 10), Ok(()));
         let mut ok = Batch::upserts([(1, vec![3.0, 4.0])]);
-        prepare(&mut ok, &params, 10).unwrap();
+        prepare_raw(&mut ok, &params, 10).unwrap();
         let Op::Upsert(p) = &ok.ops[0] else { unreachable!() };
         assert_eq!(p.vector, vec![0.6, 0.8]);
     }

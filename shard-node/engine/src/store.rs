@@ -36,6 +36,9 @@ pub(crate) struct Dbs {
     pub(crate) payloads: Db,
     /// source name → highest applied offset (BE u64).
     pub(crate) offsets: Db,
+    /// sequence number (BE u64) → one applied batch (`batch_log`), the
+    /// newest ones within the retention.
+    pub(crate) batch_log: Db,
 }
 
 /// How the environment is opened.
@@ -84,7 +87,7 @@ impl Store {
         // in this process; shoal never opens them with anything else.
         let env = unsafe { builder.open(path) }.map_err(|e| storage(path, e))?;
         let wtxn = env.write_txn().map_err(|e| storage(path, e))?;
-        let (meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets) = env
+        let (meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets, batch_log) = env
             .create_databases_and_commit(wtxn, |dbo, wtxn| -> heed::Result<_> {
                 let mut create = |name: &'static str| dbo.create_database::<Bytes, Bytes>(wtxn, Some(name));
                 Ok(CommitOrAbort::<_, ()>::Commit((
@@ -98,13 +101,16 @@ impl Store {
                     create("external")?,
                     create("payloads")?,
                     create("offsets")?,
+                    // Created on first open by a build that has it: an
+                    // index written before it starts with an empty log.
+                    create("batch_log")?,
                 )))
             })
             .map_err(|e| storage(path, e))?
             .unwrap_commit();
         Ok(Store {
             env,
-            dbs: Dbs { meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets },
+            dbs: Dbs { meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets, batch_log },
             path: path.to_owned(),
             max_map_size: opts.max_map_size,
         })

@@ -2,10 +2,12 @@
 //! binary keeps link time down).
 
 mod bad_input;
+mod batch_log;
 mod cold_pages;
 mod common;
 mod concurrency;
 mod copy;
+mod epochs;
 mod model;
 mod stop;
 mod storage;

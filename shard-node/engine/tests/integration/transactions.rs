@@ -215,7 +215,7 @@ fn group_commit_rejects_only_the_bad_batch() {
     let also_good = random_batch(&mut rng, 8, 60..70).with_source("b", 7);
     let outcomes = fx.index.apply_group(vec![good, bad, also_good]).unwrap();
     assert!(outcomes[0].is_ok() && outcomes[2].is_ok());
-    assert_eq!(outcomes[1], Err(shoal_engine::InvalidInput::UnknownId { op: 10, id: 12345 }));
+    assert_eq!(outcomes[1], Err(shoal_engine::Rejected::Invalid(shoal_engine::InvalidInput::UnknownId { op: 10, id: 12345 })));
     assert_eq!(fx.index.stats().unwrap().live, 60);
     assert!(fx.index.get(55).unwrap().is_none());
     assert_eq!(fx.index.offsets().unwrap(), vec![("a".to_string(), 1), ("b".to_string(), 7)]);

@@ -1,0 +1,302 @@
+//! The batch log: the shard's recent batches, kept so that another copy
+//! of the shard (restored from a snapshot on another node) can catch up
+//! with what was applied since, without the ingest job.
+//!
+//! Every applied batch takes the next sequence number (`State::last_seq`)
+//! and its net effect is written to the `batch_log` database, keyed by
+//! the sequence number big-endian (so every entry is appended to the
+//! B-tree), in the same write transaction as the batch. The oldest
+//! entries beyond the retention are deleted in that transaction too; the
+//! state records the first retained number and the bytes held, so the
+//! write path never scans the log.
+//!
+//! An entry holds what the batch did, not what it said: the points it
+//! left (the last upsert of each id, its vector in stored form) and the
+//! ids it emptied, so replaying it on a copy that holds what this one
+//! held before the batch leaves the same points.
+
+use heed::{RoTxn, WithoutTls};
+
+use crate::batch::{Point, SourceOffset};
+use crate::codec::State;
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+/// How many recent batches a shard keeps in its batch log.
+///
+/// The oldest entries go once the log holds more than `max_batches`
+/// entries or more than `max_bytes` bytes; the newest entry always stays
+/// (so a batch larger than `max_bytes` can still be caught up). A copy
+/// that falls further behind than the log reaches must be re-seeded from
+/// a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchLogRetention {
+    /// Entries kept at most; 0 turns the log off (batches still take
+    /// sequence numbers, and an existing log is dropped by the next batch).
+    pub max_batches: u64,
+    /// Bytes of entries kept at most (a 384-d point takes 1,548 bytes plus
+    /// its payload).
+    pub max_bytes: u64,
+}
+
+impl Default for BatchLogRetention {
+    fn default() -> Self {
+        BatchLogRetention { max_batches: 10_000, max_bytes: 256 << 20 }
+    }
+}
+
+impl BatchLogRetention {
+    /// No log: batches are numbered but not kept.
+    pub const OFF: BatchLogRetention = BatchLogRetention { max_batches: 0, max_bytes: 0 };
+
+    /// True if no entry is kept.
+    pub fn is_off(&self) -> bool {
+        self.max_batches == 0
+    }
+}
+
+/// One applied batch as the batch log keeps it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogEntry {
+    /// Its sequence number in the shard (1 for the first batch).
+    pub seq: u64,
+    /// The batch's place in its source, if it had one.
+    pub source: Option<SourceOffset>,
+    /// The points the batch left, by ascending id: the last upsert of
+    /// each id, the vector as stored (unit length under cosine).
+    pub points: Vec<Point>,
+    /// Ids that held a point before the batch and none after it, ascending.
+    pub deletes: Vec<u64>,
+}
+
+/// What [`crate::Index::read_log`] returns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogRead {
+    /// Consecutive entries from the one asked for (none when it is the
+    /// next one to be written).
+    pub entries: Vec<LogEntry>,
+    /// First sequence number the log still holds (`last_seq + 1` when it
+    /// holds none).
+    pub first_seq: u64,
+    /// Sequence number of the last applied batch (0: none yet).
+    pub last_seq: u64,
+}
+
+/// What [`crate::Index::apply_log`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogApplied {
+    /// The copy's last sequence number afterwards.
+    pub last_seq: u64,
+    /// Entries applied.
+    pub applied: usize,
+    /// Entries skipped because the copy held them already.
+    pub skipped: usize,
+}
+
+/// Key of the entry with sequence number `seq`.
+pub(crate) fn key(seq: u64) -> [u8; 8] {
+    seq.to_be_bytes()
+}
+
+fn decode_key(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.try_into().ok()?))
+}
+
+/// Layout version of an entry's value.
+const VERSION: u8 = 1;
+const HAS_SOURCE: u8 = 1;
+
+/// Encodes an entry's value into `out` (cleared first): version, flags,
+/// then the source (u16 name length, name, u64 offset) if any, the
+/// deletes (u32 count, u64 each), and the points (u32 count, u32 dim,
+/// then per point u64 id, u32 payload tag (0: none, else length + 1), the
+/// vector's f32s and the payload). Little-endian throughout.
+pub(crate) fn encode<'a>(
+    out: &mut Vec<u8>,
+    source: Option<&SourceOffset>,
+    deletes: &[u64],
+    points: impl ExactSizeIterator<Item = (u64, &'a [f32], Option<&'a [u8]>)>,
+    dim: usize,
+) {
+    out.clear();
+    out.push(VERSION);
+    out.push(if source.is_some() { HAS_SOURCE } else { 0 });
+    if let Some(s) = source {
+        // Source names are at most `MAX_SOURCE_BYTES` (255).
+        out.extend_from_slice(&(s.source.len() as u16).to_le_bytes());
+        out.extend_from_slice(s.source.as_bytes());
+        out.extend_from_slice(&s.offset.to_le_bytes());
+    }
+    out.extend_from_slice(&(deletes.len() as u32).to_le_bytes());
+    for id in deletes {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out.extend_from_slice(&(points.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(dim as u32).to_le_bytes());
+    for (id, vector, payload) in points {
+        debug_assert_eq!(vector.len(), dim);
+        out.extend_from_slice(&id.to_le_bytes());
+        let tag = payload.map_or(0, |p| p.len() as u32 + 1);
+        out.extend_from_slice(&tag.to_le_bytes());
+        for x in vector {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        if let Some(p) = payload {
+            out.extend_from_slice(p);
+        }
+    }
+}
+
+/// Decodes what [`encode`] wrote; `None` if the bytes are not an entry
+/// of `dim`-dimensional points.
+pub(crate) fn decode(seq: u64, b: &[u8], dim: usize) -> Option<LogEntry> {
+    let mut r = Reader(b);
+    if r.u8()? != VERSION {
+        return None;
+    }
+    let flags = r.u8()?;
+    let source = if flags & HAS_SOURCE != 0 {
+        let len = usize::from(r.u16()?);
+        let name = std::str::from_utf8(r.take(len)?).ok()?.to_owned();
+        Some(SourceOffset { source: name, offset: r.u64()? })
+    } else {
+        None
+    };
+    let n = r.u32()? as usize;
+    let deletes = (0..n).map(|_| r.u64()).collect::<Option<Vec<u64>>>()?;
+    let n = r.u32()? as usize;
+    if r.u32()? as usize != dim {
+        return None;
+    }
+    let mut points = Vec::with_capacity(n.min(r.0.len() / (12 + 4 * dim).max(1)));
+    for _ in 0..n {
+        let id = r.u64()?;
+        let tag = r.u32()? as usize;
+        let vector = r.take(4 * dim)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let payload = match tag {
+            0 => None,
+            len => Some(r.take(len - 1)?.to_vec()),
+        };
+        points.push(Point { id, vector, payload });
+    }
+    r.0.is_empty().then_some(LogEntry { seq, source, points, deletes })
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = self.0.split_at_checked(n)?;
+        self.0 = rest;
+        Some(head)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+/// Reads consecutive entries from `from` (0 reads as 1) of the log as of
+/// `txn`, whose state is `state`, until the next one would take the
+/// values past `max_bytes` (at least one entry when there is one).
+pub(crate) fn read(store: &Store, txn: &RoTxn<'_, WithoutTls>, state: &State, from: u64, max_bytes: u64, dim: usize) -> Result<LogRead> {
+    let from = from.max(1);
+    let (first_seq, last_seq) = (state.log_first_seq, state.last_seq);
+    if from < first_seq {
+        return Err(Error::LogTruncated { from, first: first_seq });
+    }
+    if from > last_seq + 1 {
+        return Err(Error::LogAhead { from, last: last_seq });
+    }
+    let corrupt = |detail: String| Error::Corrupt { path: store.path.clone(), detail };
+    let mut entries = Vec::new();
+    let mut bytes = 0u64;
+    let start = key(from);
+    let range = (std::ops::Bound::Included(&start[..]), std::ops::Bound::Unbounded);
+    for (expected, item) in (from..=last_seq).zip(store.dbs.batch_log.range(txn, &range).map_err(|e| store.err(e))?) {
+        let (k, v) = item.map_err(|e| store.err(e))?;
+        if decode_key(k) != Some(expected) {
+            return Err(corrupt(format!("batch log entry {expected} is missing (found key {k:?})")));
+        }
+        if !entries.is_empty() && bytes + v.len() as u64 > max_bytes {
+            break;
+        }
+        bytes += v.len() as u64;
+        entries.push(decode(expected, v, dim).ok_or_else(|| corrupt(format!("batch log entry {expected} is malformed")))?);
+    }
+    if entries.is_empty() && from <= last_seq {
+        return Err(corrupt(format!("batch log entry {from} is missing")));
+    }
+    Ok(LogRead { entries, first_seq, last_seq })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn entry() -> impl Strategy<Value = (LogEntry, usize)> {
+        (1usize..6).prop_flat_map(|dim| {
+            let point = (
+                any::<u64>(),
+                proptest::collection::vec(any::<f32>(), dim),
+                proptest::option::of(proptest::collection::vec(any::<u8>(), 0..20)),
+            )
+                .prop_map(|(id, vector, payload)| Point { id, vector, payload });
+            let source = proptest::option::of(("[a-z]{1,12}", any::<u64>()).prop_map(|(source, offset)| SourceOffset { source, offset }));
+            (any::<u64>(), source, proptest::collection::vec(point, 0..8), proptest::collection::vec(any::<u64>(), 0..8), Just(dim))
+                .prop_map(|(seq, source, points, deletes, dim)| (LogEntry { seq, source, points, deletes }, dim))
+        })
+    }
+
+    fn encoded(e: &LogEntry, dim: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let points = e.points.iter().map(|p| (p.id, p.vector.as_slice(), p.payload.as_deref()));
+        encode(&mut out, e.source.as_ref(), &e.deletes, points, dim);
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn entries_round_trip_bit_for_bit((e, dim) in entry()) {
+            let bytes = encoded(&e, dim);
+            // Size: header, source, deletes, points.
+            let source = e.source.as_ref().map_or(0, |s| 2 + s.source.len() + 8);
+            let points: usize = e.points.iter().map(|p| 12 + 4 * dim + p.payload.as_ref().map_or(0, Vec::len)).sum();
+            prop_assert_eq!(bytes.len(), 2 + source + 4 + 8 * e.deletes.len() + 8 + points);
+            let back = decode(e.seq, &bytes, dim).unwrap();
+            // NaNs compare unequal: compare the bits.
+            let bits = |e: &LogEntry| e.points.iter().map(|p| (p.id, p.vector.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), p.payload.clone())).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&back), bits(&e));
+            prop_assert_eq!((&back.source, &back.deletes, back.seq), (&e.source, &e.deletes, e.seq));
+        }
+
+        /// Cut short, extended or read with another dimension, an entry is
+        /// refused, never misread.
+        #[test]
+        fn damaged_entries_are_refused((e, dim) in entry(), cut in 0usize..1000) {
+            let bytes = encoded(&e, dim);
+            let cut = cut % bytes.len();
+            prop_assert!(decode(e.seq, &bytes[..cut], dim).is_none());
+            let mut longer = bytes.clone();
+            longer.push(0);
+            prop_assert!(decode(e.seq, &longer, dim).is_none());
+            prop_assert!(decode(e.seq, &bytes, dim + 1).is_none());
+        }
+
+        #[test]
+        fn keys_sort_numerically(a: u64, b: u64) {
+            prop_assert_eq!(key(a).cmp(&key(b)), a.cmp(&b));
+            prop_assert_eq!(decode_key(&key(a)), Some(a));
+        }
+    }
+}

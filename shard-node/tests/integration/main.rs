@@ -1,0 +1,4 @@
+//! Integration tests of the shard node over loopback gRPC, one module per
+//! concern (a single test binary keeps link time down).
+
+mod moves;
