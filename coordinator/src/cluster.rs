@@ -162,7 +162,9 @@ impl Cluster {
             c.list_shards(v1::ListShardsRequest {}, Duration::from_secs(5)).await
         }))
         .await;
-        let mut found: BTreeMap<CollectionName, (v1::ShardSpec, BTreeMap<u32, (NodeId, u64)>)> = BTreeMap::new();
+        // Per collection: its spec, and each shard's node and epoch.
+        type Found = (v1::ShardSpec, BTreeMap<u32, (NodeId, u64)>);
+        let mut found: BTreeMap<CollectionName, Found> = BTreeMap::new();
         let mut failed = Vec::new();
         for (m, reply) in members.iter().zip(replies) {
             match reply {
