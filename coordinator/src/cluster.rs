@@ -407,9 +407,9 @@ impl Cluster {
             }
         }
         let timeout = bounded(self.opts.write_timeout, caller);
+        let deadline = tokio::time::Instant::now() + timeout;
         let calls = targets.into_iter().map(|(i, part)| {
-            let node = c.node_of(i).clone();
-            let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = %node, points = part.points.len());
+            let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = %c.node_of(i), points = part.points.len());
             let req = v1::ApplyBatchRequest {
                 shard: Self::shard_id(&c, i),
                 source: source.clone(),
@@ -419,12 +419,9 @@ impl Cluster {
                 // (a move) refuses this write instead of acknowledging it.
                 epoch: c.shards[i as usize].epoch,
             };
-            async move {
-                let client = self.client(&node)?;
-                let r = self.on_node(&node, client.apply_batch(req, timeout)).await;
-                r.map_err(|e| retry_hint(e).context(format!("shard {i} on node {node}"))).map(|a| (i, a))
-            }
-            .instrument(span)
+            let placement = c.shards[i as usize].clone();
+            let name = &c.name;
+            async move { self.apply_part(name, i, placement, req, deadline).await.map(|a| (i, a)) }.instrument(span)
         });
         let mut w = Written::default();
         let mut committed = Vec::new();
@@ -453,6 +450,75 @@ impl Cluster {
         committed.sort_unstable();
         let done: Vec<String> = committed.iter().map(u32::to_string).collect();
         Err(first.context(format!("the write is incomplete (shards {} committed their parts): retry it", done.join(", "))))
+    }
+
+    /// Applies one shard's part where `placement` says, following the
+    /// shard if it moved: a node that refuses the write because it knows a
+    /// newer epoch (FAILED_PRECONDITION) means this coordinator's view is
+    /// behind, so the part waits for a view with a newer placement and goes
+    /// there, within the write's deadline. A refused write changed nothing
+    /// (the epoch is checked before anything is applied), so sending the
+    /// part again cannot apply it twice; a sourced part is exactly-once by
+    /// its offset anyway.
+    async fn apply_part(
+        &self,
+        collection: &CollectionName,
+        shard: u32,
+        mut placement: ShardPlacement,
+        mut req: v1::ApplyBatchRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<v1::ApplyBatchResponse, ShoalError> {
+        loop {
+            let node = placement.node().clone();
+            let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let client = self.client(&node).map_err(|e| e.context(format!("shard {shard}")))?;
+            let e = match self.on_node(&node, client.apply_batch(req.clone(), timeout)).await {
+                Ok(a) => return Ok(a),
+                Err(e) => e,
+            };
+            if e.code != ErrorCode::FailedPrecondition {
+                return Err(retry_hint(e).context(format!("shard {shard} on node {node}")));
+            }
+            tracing::info!(%collection, shard, %node, epoch = placement.epoch, "shard refused a write with an older epoch; waiting for its new placement");
+            placement = self.newer_placement(collection, shard, placement.epoch, deadline).await.map_err(|_| {
+                ShoalError::unavailable(
+                    format!(
+                        "shard {shard} of {collection} is moving (node {node} was fenced past epoch {}): nothing was written to it",
+                        placement.epoch
+                    ),
+                    Duration::from_millis(500),
+                )
+            })?;
+            req.epoch = placement.epoch;
+        }
+    }
+
+    /// Waits until the store's view places `shard` at an epoch above
+    /// `epoch` (asking the store itself first), or the deadline passes.
+    async fn newer_placement(
+        &self,
+        collection: &CollectionName,
+        shard: u32,
+        epoch: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<ShardPlacement, ()> {
+        let newer =
+            |view: &View| view.collection(collection).and_then(|c| c.value.shards.get(shard as usize)).filter(|p| p.epoch > epoch).cloned();
+        let mut views = self.meta.watch();
+        if let Ok(Ok(view)) = tokio::time::timeout_at(deadline, self.meta.sync()).await
+            && let Some(p) = newer(&view)
+        {
+            return Ok(p);
+        }
+        loop {
+            if let Some(p) = newer(&views.borrow_and_update()) {
+                return Ok(p);
+            }
+            match tokio::time::timeout_at(deadline, views.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return Err(()),
+            }
+        }
     }
 
     pub async fn ingest(&self, req: v1::IngestRequest, caller: Option<Duration>) -> Result<v1::IngestAck, ShoalError> {

@@ -5,6 +5,7 @@ mod bad_requests;
 mod common;
 mod discovery;
 mod durability;
+mod fencing;
 mod membership;
 mod search;
 mod snapshots;
