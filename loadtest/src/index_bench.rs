@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
-use shoal_engine::{Batch, Index, IndexOptions, IndexParams, LinkLog, Metric, Rescore, SearchParams};
+use shoal_engine::{Batch, BatchLogRetention, Index, IndexOptions, IndexParams, LinkLog, Metric, Rescore, SearchParams};
 
 use crate::fvecs::VecFile;
 use crate::groundtruth;
@@ -92,6 +92,22 @@ pub(crate) struct Args {
     /// default unless given).
     #[arg(long)]
     log_fold_lists: Option<usize>,
+    /// Batches the batch log keeps (0: no log; the engine's default
+    /// unless given).
+    #[arg(long)]
+    batch_log_max_batches: Option<u64>,
+    /// Bytes the batch log keeps (the engine's default unless given).
+    #[arg(long)]
+    batch_log_max_bytes: Option<u64>,
+}
+
+/// The engine's batch log retention from the flags.
+fn batch_log(a: &Args) -> BatchLogRetention {
+    let d = BatchLogRetention::default();
+    BatchLogRetention {
+        max_batches: a.batch_log_max_batches.unwrap_or(d.max_batches),
+        max_bytes: a.batch_log_max_bytes.unwrap_or(d.max_bytes),
+    }
 }
 
 fn link_log(a: &Args) -> LinkLog {
@@ -147,7 +163,13 @@ pub(crate) fn run(a: Args) -> Result<()> {
         }
     };
     let params = IndexParams::new(base.dim() as u32, a.metric).with_m(a.m).with_ef_construction(a.ef_construction);
-    let opts = IndexOptions { build_threads: a.threads, rescore: a.rescore, link_log: link_log(&a), ..IndexOptions::default() };
+    let opts = IndexOptions {
+        build_threads: a.threads,
+        rescore: a.rescore,
+        link_log: link_log(&a),
+        batch_log: batch_log(&a),
+        ..IndexOptions::default()
+    };
     let root = match &a.dir {
         Some(d) => {
             std::fs::create_dir_all(d)?;
@@ -275,9 +297,11 @@ pub(crate) fn run(a: Args) -> Result<()> {
         "lib": "shoal",
         "params": {"m": a.m, "ef_construction": a.ef_construction, "threads": a.threads, "metric": a.metric.name(),
                    "batch_size": a.batch_size, "rescore": format!("{:?}", a.rescore),
-                   "link_log": format!("{:?}", link_log(&a))},
+                   "link_log": format!("{:?}", link_log(&a)), "batch_log": format!("{:?}", batch_log(&a))},
         "build": {"vectors": n, "seconds": round(secs, 3), "vectors_per_s": round(n as f64 / secs, 1),
-                  "disk_bytes": stats.disk_bytes, "raw_bytes": raw, "peak_rss_anon_bytes": build_peak,
+                  "disk_bytes": stats.disk_bytes, "used_bytes": stats.used_bytes, "raw_bytes": raw,
+                  "batch_log_entries": stats.batch_log_entries, "batch_log_bytes": stats.batch_log_bytes,
+                  "peak_rss_anon_bytes": build_peak,
                   "batches": batch_peaks, "max_level": stats.max_level, "unaligned_vectors": unaligned},
         "search": search,
         "incremental": incremental,

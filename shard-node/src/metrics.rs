@@ -87,6 +87,9 @@ struct ShardReading {
     map_bytes: u64,
     used_bytes: u64,
     queue_depth: u64,
+    epoch: u64,
+    last_seq: u64,
+    batch_log_bytes: u64,
 }
 
 static READING: Mutex<Option<Reading>> = Mutex::new(None);
@@ -110,6 +113,9 @@ fn with_reading(f: impl FnOnce(&[ShardReading])) {
                         map_bytes: s.map_size,
                         used_bytes: s.used_bytes,
                         queue_depth: shard.queue_depth() as u64,
+                        epoch: s.epoch,
+                        last_seq: s.last_seq,
+                        batch_log_bytes: s.batch_log_bytes,
                     });
                 }
                 true
@@ -133,7 +139,7 @@ pub(crate) fn watch(host: &Arc<ShardHost>) {
 fn register_gauges() {
     let m = meter();
     type Field = fn(&ShardReading) -> u64;
-    let gauges: [(&'static str, &'static str, &'static str, Field); 7] = [
+    let gauges: [(&'static str, &'static str, &'static str, Field); 10] = [
         ("shoal.shard.points", "", "Live points of a shard", |r| r.points),
         ("shoal.shard.tombstones", "", "Deleted or replaced points still in a shard's graph", |r| r.tombstones),
         ("shoal.shard.link_log.lists", "", "Link lists in a shard's link log, waiting for a fold", |r| r.link_log_lists),
@@ -146,6 +152,9 @@ fn register_gauges() {
             |r| r.used_bytes,
         ),
         ("shoal.shard.queue.depth", "", "Batch parts waiting for a shard's writer", |r| r.queue_depth),
+        ("shoal.shard.epoch", "", "A shard's epoch: writes carrying a lower one are refused", |r| r.epoch),
+        ("shoal.shard.batch_log.last_seq", "", "Sequence number of the last batch a shard applied", |r| r.last_seq),
+        ("shoal.shard.batch_log", "By", "Bytes of a shard's batch log", |r| r.batch_log_bytes),
     ];
     for (name, unit, what, field) in gauges {
         let mut g = m.u64_observable_gauge(name).with_description(what);

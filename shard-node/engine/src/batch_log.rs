@@ -115,10 +115,12 @@ pub(crate) fn encode<'a>(
     out: &mut Vec<u8>,
     source: Option<&SourceOffset>,
     deletes: &[u64],
-    points: impl ExactSizeIterator<Item = (u64, &'a [f32], Option<&'a [u8]>)>,
+    points: impl ExactSizeIterator<Item = (u64, &'a [f32], Option<&'a [u8]>)> + Clone,
     dim: usize,
 ) {
     out.clear();
+    let payloads: usize = points.clone().map(|(_, _, p)| p.map_or(0, <[u8]>::len)).sum();
+    out.reserve(2 + source.map_or(0, |s| 10 + s.source.len()) + 4 + 8 * deletes.len() + 8 + points.len() * (12 + 4 * dim) + payloads);
     out.push(VERSION);
     out.push(if source.is_some() { HAS_SOURCE } else { 0 });
     if let Some(s) = source {
@@ -138,9 +140,7 @@ pub(crate) fn encode<'a>(
         out.extend_from_slice(&id.to_le_bytes());
         let tag = payload.map_or(0, |p| p.len() as u32 + 1);
         out.extend_from_slice(&tag.to_le_bytes());
-        for x in vector {
-            out.extend_from_slice(&x.to_le_bytes());
-        }
+        out.extend_from_slice(crate::codec::vector_bytes(vector));
         if let Some(p) = payload {
             out.extend_from_slice(p);
         }

@@ -24,6 +24,14 @@ pub(crate) fn decode_id_key(key: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(key.try_into().ok()?))
 }
 
+/// A vector's stored bytes: its f32s in little-endian order.
+pub(crate) fn vector_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the
+    // slice covers exactly the vector's memory. shoal targets little-endian
+    // platforms only (checked at compile time in lib.rs).
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
 /// Key of an upper-layer link list: (level, id), so each layer is one
 /// contiguous, append-only run of the B-tree and upper layers stay compact.
 #[inline]

@@ -686,7 +686,7 @@ impl Index {
             levels.push(level);
             // Ids only grow, so every new key is the largest: APPEND fills
             // pages completely instead of splitting them in half.
-            dbs.vectors.put_with_flags(wtxn, PutFlags::APPEND, &key, vector_bytes(p.vector)).map_err(err)?;
+            dbs.vectors.put_with_flags(wtxn, PutFlags::APPEND, &key, codec::vector_bytes(p.vector)).map_err(err)?;
             code.clear();
             crate::quant::encode(p.vector, &mut code);
             codes.extend_from_slice(&code);
@@ -1310,14 +1310,6 @@ fn attempt(store: &Store, e: heed::Error) -> Attempt {
 
 fn overlay_len(plan: &Plan<'_>) -> u32 {
     plan.inserts.len() as u32
-}
-
-/// A vector's stored bytes: its f32s in little-endian order.
-fn vector_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the
-    // slice covers exactly the vector's memory. shoal targets little-endian
-    // platforms only (checked at compile time in lib.rs).
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 #[allow(dead_code)]
