@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use shoal_control::ClusterConfig;
-use shoal_engine::{IndexOptions, LinkLog};
+use shoal_engine::{BatchLogRetention, IndexOptions, LinkLog};
 use shoal_server::{ListenerConfig, TelemetryConfig};
 
 use crate::writer::WriterOptions;
@@ -136,6 +136,11 @@ pub struct EngineConfig {
     /// the link blocks; 0 patches every batch's lists in place (see
     /// `shoal_engine::LinkLog` and docs/engine.md).
     pub link_log_fold_lists: usize,
+    /// Recent batches each shard keeps so that a copy restored elsewhere
+    /// (a shard move) catches up from it; the oldest go first past either
+    /// bound. 0 batches keeps no log (a copy can then only be re-seeded).
+    pub batch_log_max_batches: u64,
+    pub batch_log_max_bytes: u64,
 }
 
 impl Default for EngineConfig {
@@ -148,6 +153,8 @@ impl Default for EngineConfig {
             read_ahead: d.read_ahead,
             max_payload_bytes: d.max_payload_bytes,
             link_log_fold_lists: d.link_log.fold_lists().unwrap_or(0),
+            batch_log_max_batches: d.batch_log.max_batches,
+            batch_log_max_bytes: d.batch_log.max_bytes,
         }
     }
 }
@@ -166,6 +173,7 @@ impl EngineConfig {
             0 => LinkLog::Off,
             fold_lists => LinkLog::Auto { fold_lists },
         };
+        o.batch_log = BatchLogRetention { max_batches: self.batch_log_max_batches, max_bytes: self.batch_log_max_bytes };
         o
     }
 }
