@@ -68,11 +68,58 @@ pub struct CollectionSpec {
 pub struct ShardPlacement {
     pub replicas: Vec<NodeId>,
     pub epoch: u64,
+    /// A move of this shard under way, recorded before any copy is made so
+    /// that whichever controller comes next finishes or undoes it.
+    pub moving: Option<ShardMove>,
+}
+
+/// Where a move stands (docs/control-plane.md, "How a shard moves").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MovePhase {
+    /// `from` still owns the shard; `to` is being seeded and caught up.
+    Copying,
+    /// `to` owns the shard (the switch bumped the epoch); the copy on
+    /// `from` is still to be dropped.
+    Switched,
+}
+
+impl MovePhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MovePhase::Copying => "copying",
+            MovePhase::Switched => "switched",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<MovePhase> {
+        match s {
+            "copying" => Some(MovePhase::Copying),
+            "switched" => Some(MovePhase::Switched),
+            _ => None,
+        }
+    }
+}
+
+/// A shard moving from one node to another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardMove {
+    pub from: NodeId,
+    pub to: NodeId,
+    pub phase: MovePhase,
+    /// Bumped by every controller that (re)starts the copy, in the same
+    /// conditional write: a stale controller still copying finds its
+    /// attempt gone and stops instead of switching to a half-made copy.
+    pub attempt: u64,
 }
 
 impl ShardPlacement {
     pub fn on(node: NodeId) -> Self {
-        ShardPlacement { replicas: vec![node], epoch: 1 }
+        ShardPlacement { replicas: vec![node], epoch: 1, moving: None }
+    }
+
+    /// A shard at `epoch` on `node`, not moving.
+    pub fn at(node: NodeId, epoch: u64) -> Self {
+        ShardPlacement { replicas: vec![node], epoch, moving: None }
     }
 
     /// The node that takes this shard's reads and writes.
@@ -121,6 +168,15 @@ impl Collection {
             }
             if s.epoch == 0 {
                 return Err(format!("shard {i} has epoch 0"));
+            }
+            if let Some(m) = &s.moving {
+                let owner = match m.phase {
+                    MovePhase::Copying => &m.from,
+                    MovePhase::Switched => &m.to,
+                };
+                if m.from == m.to || !s.holds(owner) {
+                    return Err(format!("shard {i}'s move from {} to {} ({}) does not match its replicas", m.from, m.to, m.phase.as_str()));
+                }
             }
         }
         Ok(())

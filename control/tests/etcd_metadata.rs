@@ -99,6 +99,7 @@ mod etcd_conformance {
     etcd_suite!(
         collections_change_with_rising_revisions,
         stale_changes_conflict_and_write_nothing,
+        drain_marks_and_moves_are_shared,
         invalid_collections_are_refused,
         watch_announces_changes,
         changes_reach_other_stores,

@@ -195,7 +195,7 @@ impl Cluster {
                 }
             };
             // The epoch the shard is at: a write stamped lower would be refused.
-            let shards = (0..count).map(|i| ShardPlacement { replicas: vec![shards[&i].0.clone()], epoch: shards[&i].1 }).collect();
+            let shards = (0..count).map(|i| ShardPlacement::at(shards[&i].0.clone(), shards[&i].1)).collect();
             match self.meta.create_collection(Collection { name: name.clone(), spec, shards }).await {
                 Ok(_) | Err(MetaError::AlreadyExists(_)) => {}
                 Err(e) => tracing::warn!(collection = %name, error = %e, "could not record a collection found on the nodes"),

@@ -192,7 +192,7 @@ impl Cluster {
                 let shards = placement
                     .into_iter()
                     .zip(&restored_stats)
-                    .map(|(node, s)| ShardPlacement { replicas: vec![node], epoch: s.epoch.max(1) })
+                    .map(|(node, s)| ShardPlacement::at(node, s.epoch.max(1)))
                     .collect();
                 let c = Collection { name: name.clone(), spec, shards };
                 match self.meta.create_collection(c).await {

@@ -83,7 +83,7 @@ pub fn collection(n: &str, nodes: &[&str]) -> Collection {
 fn moved(c: &Collection, shard: usize, to: &str) -> Collection {
     let mut c = c.clone();
     let epoch = c.shards[shard].epoch + 1;
-    c.shards[shard] = ShardPlacement { replicas: vec![node(to)], epoch };
+    c.shards[shard] = ShardPlacement::at(node(to), epoch);
     c
 }
 
@@ -244,6 +244,35 @@ pub async fn changes_reach_other_stores(f: &impl StoreFactory) {
     let r2 = b.update_collection(docs2.clone(), r1).await.expect("update on b, based on what b read");
     let view = view_where(a.as_ref(), "b's update reaching a", PROPAGATION, |v| v.revision >= r2).await;
     assert_eq!(view.collection(&docs.name), Some(&Versioned { value: docs2, revision: r2 }));
+}
+
+/// Drain marks reach every store, are idempotent, and outlive nothing but
+/// an unmark; a recorded move round-trips with its placement.
+pub async fn drain_marks_and_moves_are_shared(f: &impl StoreFactory) {
+    let (a, b) = (f.open().await, f.open().await);
+    let n1 = node("n1");
+    let r1 = a.set_draining(n1.clone(), true).await.expect("mark n1 draining");
+    assert!(a.view().draining.contains(&n1), "a reads its own mark");
+    let r2 = a.set_draining(n1.clone(), true).await.expect("marking twice is fine");
+    assert!(r2 >= r1);
+    view_where(b.as_ref(), "the drain mark reaching b", PROPAGATION, |v| v.draining.contains(&n1)).await;
+    b.set_draining(n1.clone(), false).await.expect("unmark on b");
+    b.set_draining(n1.clone(), false).await.expect("unmarking twice is fine");
+    view_where(a.as_ref(), "the unmark reaching a", PROPAGATION, |v| v.draining.is_empty()).await;
+
+    let docs = collection("docs", &["n0", "n1"]);
+    let r = a.create_collection(docs.clone()).await.expect("create");
+    let mut moving = docs.clone();
+    moving.shards[1].moving =
+        Some(crate::model::ShardMove { from: node("n1"), to: node("n2"), phase: crate::model::MovePhase::Copying, attempt: 3 });
+    let r = a.update_collection(moving.clone(), r).await.expect("record a move");
+    let view = view_where(b.as_ref(), "the move reaching b", PROPAGATION, |v| v.revision >= r).await;
+    assert_eq!(view.collection(&docs.name), Some(&Versioned { value: moving.clone(), revision: r }));
+
+    // A move that does not match its placement is refused.
+    let mut bad = moving.clone();
+    bad.shards[1].moving.as_mut().unwrap().phase = crate::model::MovePhase::Switched;
+    assert!(matches!(a.update_collection(bad, r).await, Err(MetaError::Invalid(_))));
 }
 
 /// Two stores changing the same collection on the same revision at once:
@@ -408,6 +437,7 @@ mod tests {
     memory_suite!(
         collections_change_with_rising_revisions,
         stale_changes_conflict_and_write_nothing,
+        drain_marks_and_moves_are_shared,
         invalid_collections_are_refused,
         watch_announces_changes,
         changes_reach_other_stores,

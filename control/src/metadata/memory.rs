@@ -152,6 +152,20 @@ impl MetadataStore for InMemoryStore {
         async move { r.map(|_| ()) }.boxed()
     }
 
+    fn set_draining(&self, node: NodeId, draining: bool) -> BoxFuture<'_, Result<Revision, MetaError>> {
+        let r = self.apply(
+            |_| Ok(()),
+            |v, _| {
+                if draining {
+                    v.draining.insert(node);
+                } else {
+                    v.draining.remove(&node);
+                }
+            },
+        );
+        async move { r.map(|((), rev)| rev) }.boxed()
+    }
+
     fn register(&self, member: Member, ttl: Duration) -> BoxFuture<'_, Result<Registration, MetaError>> {
         let r = {
             let mut state = self.inner.state.lock();

@@ -21,7 +21,7 @@ pub mod etcd;
 pub mod memory;
 mod placement;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -54,6 +54,10 @@ pub struct View {
     pub collections: BTreeMap<CollectionName, Versioned<Collection>>,
     /// The coordinator that currently makes placement decisions.
     pub controller: Option<String>,
+    /// Nodes an operator is draining: they get no new shards, and the
+    /// controller moves theirs away. Kept until undrained, whether or not
+    /// the node is alive.
+    pub draining: BTreeSet<NodeId>,
 }
 
 impl View {
@@ -213,6 +217,9 @@ pub trait MetadataStore: Send + Sync {
 
     /// Removes a collection if it is still at revision `expected`.
     fn delete_collection(&self, name: CollectionName, expected: Revision) -> BoxFuture<'_, Result<(), MetaError>>;
+
+    /// Marks a node as draining (or not any more). Idempotent.
+    fn set_draining(&self, node: NodeId, draining: bool) -> BoxFuture<'_, Result<Revision, MetaError>>;
 
     /// Registers a node under a lease of `ttl`, kept alive in the
     /// background; `AlreadyExists` if a live registration has its id.

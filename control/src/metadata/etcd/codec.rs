@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use shoal_proto::{CollectionName, NodeId};
 
 use crate::metadata::MetaError;
-use crate::model::{Capacity, Collection, CollectionSpec, IndexParams, Member, Metric, NodeState, ShardPlacement};
+use crate::model::{Capacity, Collection, CollectionSpec, IndexParams, Member, Metric, MovePhase, NodeState, ShardMove, ShardPlacement};
 
 #[derive(Serialize, Deserialize)]
 struct CollectionRecord {
@@ -27,6 +27,16 @@ struct SpecRecord {
 struct ShardRecord {
     replicas: Vec<String>,
     epoch: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    moving: Option<MoveRecord>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct MoveRecord {
+    from: String,
+    to: String,
+    phase: String,
+    attempt: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -68,7 +78,16 @@ pub(super) fn encode_collection(c: &Collection) -> Result<Vec<u8>, MetaError> {
         shards: c
             .shards
             .iter()
-            .map(|s| ShardRecord { replicas: s.replicas.iter().map(|n| n.as_str().to_owned()).collect(), epoch: s.epoch })
+            .map(|s| ShardRecord {
+                replicas: s.replicas.iter().map(|n| n.as_str().to_owned()).collect(),
+                epoch: s.epoch,
+                moving: s.moving.as_ref().map(|m| MoveRecord {
+                    from: m.from.as_str().to_owned(),
+                    to: m.to.as_str().to_owned(),
+                    phase: m.phase.as_str().to_owned(),
+                    attempt: m.attempt,
+                }),
+            })
             .collect(),
     };
     to_json(&format!("collection {}", c.name), &record)
@@ -85,7 +104,15 @@ pub(super) fn decode_collection(key: &str, name: CollectionName, bytes: &[u8]) -
             .map(|n| NodeId::parse(n))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| corrupt(key, format!("shard {i}: {e}")))?;
-        shards.push(ShardPlacement { replicas, epoch: s.epoch });
+        let moving = match s.moving {
+            None => None,
+            Some(m) => {
+                let node = |n: &str| NodeId::parse(n).map_err(|e| corrupt(key, format!("shard {i}'s move: {e}")));
+                let phase = MovePhase::parse(&m.phase).ok_or_else(|| corrupt(key, format!("shard {i}'s move phase {:?} is not a known one", m.phase)))?;
+                Some(ShardMove { from: node(&m.from)?, to: node(&m.to)?, phase, attempt: m.attempt })
+            }
+        };
+        shards.push(ShardPlacement { replicas, epoch: s.epoch, moving });
     }
     let spec = CollectionSpec {
         dimension: r.spec.dimension,
@@ -115,6 +142,12 @@ pub(super) fn decode_member(key: &str, id: NodeId, bytes: &[u8]) -> Result<Membe
     Ok(Member { id, address: r.address, state, capacity: Capacity { disk_free_bytes: r.disk_free_bytes, shards: r.shards } })
 }
 
+/// The value of `drains/{id}`: the key is the mark; the value leaves room
+/// for a reason later.
+pub(super) fn encode_drain() -> Result<Vec<u8>, MetaError> {
+    Ok(b"{}".to_vec())
+}
+
 /// The value of `controller`: who holds it.
 pub(super) fn encode_controller(candidate: &str) -> Result<Vec<u8>, MetaError> {
     to_json("controller", &ControllerRecord { candidate: candidate.to_owned() })
@@ -132,8 +165,19 @@ mod tests {
 
     fn collection() -> impl Strategy<Value = Collection> {
         let metric = prop_oneof![Just(Metric::Cosine), Just(Metric::Dot), Just(Metric::Euclidean)];
-        let shard = (proptest::collection::btree_set("[a-z0-9/_.-]{1,12}", 1..4), 1..u64::MAX)
-            .prop_map(|(nodes, epoch)| ShardPlacement { replicas: nodes.iter().map(|n| NodeId::parse(n).unwrap()).collect(), epoch });
+        let shard = (proptest::collection::btree_set("[a-z0-9/_.-]{1,12}", 1..4), 1..u64::MAX, any::<Option<(bool, u64)>>()).prop_map(
+            |(nodes, epoch, moving)| {
+                let replicas: Vec<NodeId> = nodes.iter().map(|n| NodeId::parse(n).unwrap()).collect();
+                let moving = moving.map(|(switched, attempt)| {
+                    let (phase, from, to) = match switched {
+                        false => (MovePhase::Copying, replicas[0].clone(), NodeId::parse("elsewhere!").unwrap()),
+                        true => (MovePhase::Switched, NodeId::parse("elsewhere!").unwrap(), replicas[0].clone()),
+                    };
+                    ShardMove { from, to, phase, attempt }
+                });
+                ShardPlacement { replicas, epoch, moving }
+            },
+        );
         ("[a-z0-9][a-z0-9_-]{0,20}", 1..4096u32, metric, any::<(u32, u32)>(), proptest::collection::vec(shard, 1..20)).prop_map(
             |(name, dimension, metric, (m, ef_construction), shards)| Collection {
                 name: CollectionName::parse(&name).unwrap(),
@@ -167,7 +211,7 @@ mod tests {
         // 20-digit epochs take about 150 bytes a shard.
         let node = |i: usize| NodeId::parse(&format!("shard-node-{i:022}")).unwrap();
         let shards: Vec<ShardPlacement> =
-            (0..4096).map(|i| ShardPlacement { replicas: vec![node(i), node(i + 1), node(i + 2)], epoch: u64::MAX }).collect();
+            (0..4096).map(|i| ShardPlacement { replicas: vec![node(i), node(i + 1), node(i + 2)], epoch: u64::MAX, moving: None }).collect();
         let spec = CollectionSpec { dimension: 1536, metric: Metric::Cosine, index: IndexParams::default(), shard_count: 4096 };
         let c = Collection { name: CollectionName::parse("docs").unwrap(), spec, shards };
         let size = encode_collection(&c).unwrap().len();

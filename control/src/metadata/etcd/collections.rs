@@ -1,8 +1,9 @@
 //! Collection changes: one key each, one transaction each, conditional on
-//! the key's `create_revision` (create) or `mod_revision` (change, delete).
+//! the key's `create_revision` (create) or `mod_revision` (change, delete);
+//! and the operator's drain marks, one key per node.
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
-use shoal_proto::CollectionName;
+use shoal_proto::{CollectionName, NodeId};
 
 use super::codec;
 use super::shared::{Shared, header_revision};
@@ -48,6 +49,21 @@ pub(super) async fn delete(shared: &Shared, name: CollectionName, expected: Revi
     }
     shared.catch_up(header_revision(resp.header())?).await;
     Ok(())
+}
+
+/// Puts or deletes `drains/{node}`: no condition, both are idempotent.
+pub(super) async fn set_draining(shared: &Shared, node: NodeId, draining: bool) -> Result<Revision, MetaError> {
+    let key = shared.keys.drain(&node);
+    let mut kv = shared.client.kv_client();
+    let revision = if draining {
+        let resp = shared.call(&format!("mark node {node} draining"), kv.put(key, codec::encode_drain()?, None)).await?;
+        header_revision(resp.header())?
+    } else {
+        let resp = shared.call(&format!("unmark node {node} draining"), kv.delete(key, None)).await?;
+        header_revision(resp.header())?
+    };
+    shared.catch_up(revision).await;
+    Ok(revision)
 }
 
 fn check(c: &Collection) -> Result<(), MetaError> {

@@ -21,6 +21,8 @@ pub(super) enum Key {
     /// `nodes/{id}`.
     Node(Result<NodeId, String>),
     Controller,
+    /// `drains/{id}`: the operator drains that node.
+    Drain(Result<NodeId, String>),
     /// Not ours (a newer version's key, or someone else's): ignored.
     Other,
 }
@@ -28,6 +30,7 @@ pub(super) enum Key {
 const COLLECTIONS: &str = "collections/";
 const NODES: &str = "nodes/";
 const CONTROLLER: &str = "controller";
+const DRAINS: &str = "drains/";
 
 impl Keys {
     pub(super) fn new(prefix: &str) -> Result<Keys, MetaError> {
@@ -53,6 +56,10 @@ impl Keys {
         format!("{}{NODES}{id}", self.root)
     }
 
+    pub(super) fn drain(&self, id: &NodeId) -> String {
+        format!("{}{DRAINS}{id}", self.root)
+    }
+
     pub(super) fn controller(&self) -> String {
         format!("{}{CONTROLLER}", self.root)
     }
@@ -64,6 +71,8 @@ impl Keys {
             Key::Collection(CollectionName::parse(name).map_err(|e| e.to_string()))
         } else if let Some(id) = rest.strip_prefix(NODES) {
             Key::Node(NodeId::parse(id).map_err(|e| e.to_string()))
+        } else if let Some(id) = rest.strip_prefix(DRAINS) {
+            Key::Drain(NodeId::parse(id).map_err(|e| e.to_string()))
         } else if rest == CONTROLLER {
             Key::Controller
         } else {
@@ -84,8 +93,9 @@ mod tests {
         let id = NodeId::parse("rack1/n0").unwrap();
         assert_eq!(keys.collection(&name), "/shoal/a/collections/docs");
         assert_eq!(keys.parse(keys.collection(&name).as_bytes()), Key::Collection(Ok(name)));
-        assert_eq!(keys.parse(keys.node(&id).as_bytes()), Key::Node(Ok(id)));
+        assert_eq!(keys.parse(keys.node(&id).as_bytes()), Key::Node(Ok(id.clone())));
         assert_eq!(keys.parse(keys.controller().as_bytes()), Key::Controller);
+        assert_eq!(keys.parse(keys.drain(&id).as_bytes()), Key::Drain(Ok(id.clone())));
         assert_eq!(keys.parse(b"/shoal/ab/controller"), Key::Other);
         assert_eq!(keys.parse(b"/shoal/a/controller/x"), Key::Other);
         assert_eq!(keys.parse(b"/shoal/a/future/thing"), Key::Other);

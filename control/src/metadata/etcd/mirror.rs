@@ -121,7 +121,11 @@ impl Mirror {
                 self.controller_lease = Some(e.lease);
                 self.view.controller = codec::decode_controller(&key, e.value).map_err(|err| skip(&err)).ok();
             }
-            Key::Collection(Err(reason)) | Key::Node(Err(reason)) => skip(&MetaError::Corrupt { key: key.into_owned(), reason }),
+            Key::Drain(Ok(id)) => {
+                // The value says nothing yet; the key's presence is the mark.
+                self.view.draining.insert(id);
+            }
+            Key::Collection(Err(reason)) | Key::Node(Err(reason)) | Key::Drain(Err(reason)) => skip(&MetaError::Corrupt { key: key.into_owned(), reason }),
             Key::Other => {}
         }
     }
@@ -138,7 +142,10 @@ impl Mirror {
                 self.controller_lease = None;
                 self.view.controller = None;
             }
-            Key::Collection(Err(_)) | Key::Node(Err(_)) | Key::Other => {}
+            Key::Drain(Ok(id)) => {
+                self.view.draining.remove(&id);
+            }
+            Key::Collection(Err(_)) | Key::Node(Err(_)) | Key::Drain(Err(_)) | Key::Other => {}
         }
     }
 }

@@ -46,7 +46,7 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use shoal_proto::CollectionName;
+use shoal_proto::{CollectionName, NodeId};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -162,6 +162,10 @@ impl MetadataStore for EtcdStore {
 
     fn delete_collection(&self, name: CollectionName, expected: Revision) -> BoxFuture<'_, Result<(), MetaError>> {
         collections::delete(&self.shared, name, expected).boxed()
+    }
+
+    fn set_draining(&self, node: NodeId, draining: bool) -> BoxFuture<'_, Result<Revision, MetaError>> {
+        collections::set_draining(&self.shared, node, draining).boxed()
     }
 
     fn register(&self, member: Member, ttl: Duration) -> BoxFuture<'_, Result<Registration, MetaError>> {
