@@ -131,4 +131,7 @@ impl ShardClient {
     forward!(list_snapshots, v1::ListSnapshotsRequest, v1::ListSnapshotsResponse);
     forward!(prune_snapshots, v1::PruneSnapshotsRequest, v1::PruneSnapshotsResponse);
     forward!(get_snapshot_progress, v1::SnapshotProgressRequest, v1::SnapshotProgressResponse);
+    forward!(fence_shard, v1::FenceShardRequest, v1::ShardStats);
+    forward!(read_batch_log, v1::ReadBatchLogRequest, v1::ReadBatchLogResponse);
+    forward!(apply_log_entries, v1::ApplyLogEntriesRequest, v1::ApplyLogEntriesResponse);
 }

@@ -224,7 +224,7 @@ impl Cluster {
             return Err(ShoalError::already_exists(format!("collection {name} already exists")));
         }
         let spec = CollectionSpec { dimension, metric, index: IndexParams::from(index), shard_count };
-        let placement = place(shard_count, view.members.values(), view.collections.values().map(|v| &v.value));
+        let placement = place(shard_count, view.placeable(), view.collections.values().map(|v| &v.value));
         if placement.len() < shard_count as usize {
             return Err(ShoalError::unavailable("the cluster has no shard node that takes new shards", Duration::from_secs(5)));
         }
@@ -287,6 +287,20 @@ impl Cluster {
         if let Some(e) = results.into_iter().find_map(Result::err) {
             return Err(retry_hint(e.context(format!("dropping collection {}", c.name))));
         }
+        // A copy a move was making (or leaving) is in no placement: drop it
+        // too, or it would outlive its collection on that node's disk.
+        for (i, p) in c.shards.iter().enumerate() {
+            let Some(m) = &p.moving else { continue };
+            let other = if p.holds(&m.to) { &m.from } else { &m.to };
+            if let Ok(client) = self.client(other) {
+                let req = v1::DropShardRequest { shard: Self::shard_id(&c, i as u32) };
+                if let Err(e) = self.on_node(other, client.drop_shard(req, ADMIN_TIMEOUT)).await
+                    && e.code != ErrorCode::NotFound
+                {
+                    tracing::warn!(collection = %c.name, shard = i, node = %other, error = %e, "could not drop a moving shard's other copy");
+                }
+            }
+        }
         match self.meta.delete_collection(c.name.clone(), revision).await {
             Ok(()) | Err(MetaError::NotFound(_)) => Ok(()),
             Err(e) => Err(ShoalError::from(e).context(format!("dropped the shards of {}, but not the collection", c.name))),
@@ -310,8 +324,18 @@ impl Cluster {
                 client.get_shard_stats(v1::ShardStatsRequest { shard }, timeout).await
             })
             .await;
-        let mut out: Vec<v1::ShardInfo> =
-            (0..c.shard_count()).map(|i| v1::ShardInfo { shard: i, node: c.node_of(i).to_string(), ..Default::default() }).collect();
+        let mut out: Vec<v1::ShardInfo> = c
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, p)| v1::ShardInfo {
+                shard: i as u32,
+                node: p.node().to_string(),
+                epoch: p.epoch,
+                moving: p.moving.as_ref().map(|m| crate::moves::move_info(&c.name, i as u32, m, m.phase.as_str())),
+                ..Default::default()
+            })
+            .collect();
         for (i, s) in g.answers {
             let o = &mut out[i as usize];
             o.available = true;
@@ -665,7 +689,12 @@ impl Cluster {
                 available: p.is_ok(),
                 // What the node holds now, or what it last registered.
                 shards: p.unwrap_or(m.capacity.shards),
-                state: m.state.as_str().into(),
+                // An operator's drain overrides what the node says.
+                state: match view.draining.contains(&m.id) {
+                    true if crate::moves::holdings(&view, &m.id).is_empty() => "removable".into(),
+                    true => "draining".into(),
+                    false => m.state.as_str().into(),
+                },
                 disk_free_bytes: m.capacity.disk_free_bytes,
             })
             .collect();

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shoal_control::metadata::MetadataStore;
+use crate::cluster::Cluster;
 
 /// The running election loop; stops (resigning if leader) when dropped or
 /// on `stop`.
@@ -19,9 +19,12 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// Campaigns as `id` under a lease of `ttl`, for as long as it runs.
-    pub fn spawn(meta: Arc<dyn MetadataStore>, id: String, ttl: Duration) -> Controller {
+    /// Campaigns as `id` under a lease of `ttl`, for as long as it runs;
+    /// while it leads, carries out the moves and drains recorded in
+    /// `cluster`'s store (`mover.rs`).
+    pub fn spawn(cluster: Arc<Cluster>, id: String, ttl: Duration) -> Controller {
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let meta = Arc::clone(&cluster.meta);
         let task = tokio::spawn(async move {
             loop {
                 let won = tokio::select! {
@@ -39,7 +42,11 @@ impl Controller {
                     }
                 };
                 tracing::info!(coordinator = %id, "this coordinator is the controller");
+                // Dropped with the select when leadership ends: whatever it
+                // was doing is recorded in the store for the next leader.
+                let work = crate::mover::lead(Arc::clone(&cluster));
                 tokio::select! {
+                    () = work => {}
                     _ = &mut stopped => {
                         if let Err(e) = lead.resign().await {
                             tracing::warn!(coordinator = %id, error = %e, "could not resign; the lease ends by itself");
@@ -72,9 +79,17 @@ impl Drop for Controller {
 mod tests {
     use std::time::Instant;
 
-    use shoal_control::metadata::InMemoryStore;
+    use std::collections::HashMap;
+
+    use shoal_control::metadata::{InMemoryStore, MetadataStore};
 
     use super::*;
+    use crate::cluster::ClusterOptions;
+    use crate::pool::LocalConnector;
+
+    fn cluster(meta: &Arc<dyn MetadataStore>) -> Arc<Cluster> {
+        Arc::new(Cluster::new(Arc::clone(meta), Box::new(LocalConnector(HashMap::new())), ClusterOptions::default()))
+    }
 
     async fn controller_becomes(meta: &Arc<dyn MetadataStore>, who: &str, within: Duration) -> Duration {
         let started = Instant::now();
@@ -89,9 +104,9 @@ mod tests {
     async fn one_controller_at_a_time_and_a_successor_when_it_stops() {
         let meta: Arc<dyn MetadataStore> = Arc::new(InMemoryStore::new(Vec::new()));
         let ttl = Duration::from_secs(1);
-        let a = Controller::spawn(Arc::clone(&meta), "a".into(), ttl);
+        let a = Controller::spawn(cluster(&meta), "a".into(), ttl);
         controller_becomes(&meta, "a", Duration::from_secs(2)).await;
-        let b = Controller::spawn(Arc::clone(&meta), "b".into(), ttl);
+        let b = Controller::spawn(cluster(&meta), "b".into(), ttl);
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(meta.view().controller.as_deref(), Some("a"), "b must wait while a leads");
         a.stop().await;

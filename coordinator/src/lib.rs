@@ -9,6 +9,8 @@ pub mod config;
 pub mod controller;
 pub mod liveness;
 pub mod merge;
+mod mover;
+pub(crate) mod moves;
 pub mod pool;
 pub mod routing;
 pub mod server;

@@ -74,7 +74,7 @@ impl RunningCoordinator {
                 tracing::warn!(%node, error = %e, "shard node not reachable at start; its collections are not served yet");
             }
         }
-        let controller = Some(Controller::spawn(meta, cfg.coordinator_id(addr), cfg.cluster.lease_ttl()));
+        let controller = Some(Controller::spawn(Arc::clone(&cluster), cfg.coordinator_id(addr), cfg.cluster.lease_ttl()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let svc = ShoalServer::new(ShoalService::new(Arc::clone(&cluster), cfg.max_message_bytes))
             .max_decoding_message_size(cfg.max_message_bytes)

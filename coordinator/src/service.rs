@@ -191,4 +191,19 @@ impl Shoal for ShoalService {
     ) -> Result<Response<v1::SnapshotProgressResponse>, Status> {
         Ok(Response::new(self.cluster.snapshot_progress(r.into_inner()).await?))
     }
+
+    async fn move_shard(&self, r: Request<v1::MoveShardRequest>) -> Result<Response<v1::MoveShardResponse>, Status> {
+        let caller = caller(&r);
+        Ok(Response::new(self.cluster.move_shard(r.into_inner(), caller).await?))
+    }
+
+    async fn drain_node(&self, r: Request<v1::DrainNodeRequest>) -> Result<Response<v1::DrainNodeResponse>, Status> {
+        let caller = caller(&r);
+        Ok(Response::new(self.cluster.drain_node(r.into_inner(), caller).await?))
+    }
+
+    async fn rebalance(&self, r: Request<v1::RebalanceRequest>) -> Result<Response<v1::RebalanceResponse>, Status> {
+        let caller = caller(&r);
+        Ok(Response::new(self.cluster.rebalance(r.into_inner(), caller).await?))
+    }
 }

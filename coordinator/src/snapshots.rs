@@ -153,7 +153,7 @@ impl Cluster {
             }
             Some(c) => c.shards.iter().map(|s| s.node().clone()).collect(),
             None => {
-                let placement = place(count, view.members.values(), view.collections.values().map(|v| &v.value));
+                let placement = place(count, view.placeable(), view.collections.values().map(|v| &v.value));
                 if placement.len() < count as usize {
                     return Err(ShoalError::unavailable("the cluster has no shard node that takes new shards", Duration::from_secs(5)));
                 }
@@ -189,11 +189,7 @@ impl Cluster {
                 let spec = CollectionSpec::try_from(spec).map_err(|e| e.context(format!("snapshot {snapshot_id}")))?;
                 // Each shard at the epoch its snapshot carries (writes
                 // stamped lower would be refused).
-                let shards = placement
-                    .into_iter()
-                    .zip(&restored_stats)
-                    .map(|(node, s)| ShardPlacement::at(node, s.epoch.max(1)))
-                    .collect();
+                let shards = placement.into_iter().zip(&restored_stats).map(|(node, s)| ShardPlacement::at(node, s.epoch.max(1))).collect();
                 let c = Collection { name: name.clone(), spec, shards };
                 match self.meta.create_collection(c).await {
                     Ok(_) | Err(MetaError::AlreadyExists(_)) => {}

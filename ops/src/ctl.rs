@@ -32,6 +32,19 @@ pub async fn status(endpoint: &str) -> anyhow::Result<()> {
     if let Some(cp) = &s.control_plane {
         print_control_plane(cp);
     }
+    print_nodes(&s);
+    println!();
+    for c in &s.collections {
+        print_collection(c);
+    }
+    if s.collections.is_empty() {
+        println!("no collections");
+    }
+    Ok(())
+}
+
+/// The members, one line each.
+pub fn print_nodes(s: &v1::ClusterStatusResponse) {
     println!("{:<12} {:<28} {:<6} {:<10} {:<7} disk free", "node", "address", "health", "state", "shards");
     for n in &s.nodes {
         let free =
@@ -45,14 +58,6 @@ pub async fn status(endpoint: &str) -> anyhow::Result<()> {
             n.shards
         );
     }
-    println!();
-    for c in &s.collections {
-        print_collection(c);
-    }
-    if s.collections.is_empty() {
-        println!("no collections");
-    }
-    Ok(())
 }
 
 fn print_control_plane(cp: &v1::ControlPlane) {
@@ -83,14 +88,16 @@ pub fn print_collection(c: &v1::CollectionInfo) {
         c.points
     );
     for s in &c.shards {
+        let moving = s.moving.as_ref().map_or(String::new(), |m| format!("  moving to {} ({})", m.to_node, m.phase));
         println!(
-            "  shard {:<3} node {:<10} {:<5} points {:<10} tombstones {:<8} disk {:.1} MiB",
+            "  shard {:<3} node {:<10} {:<5} points {:<10} tombstones {:<8} disk {:.1} MiB  epoch {}{moving}",
             s.shard,
             s.node,
             if s.available { "up" } else { "DOWN" },
             s.points,
             s.tombstones,
-            s.disk_bytes as f64 / 1048576.0
+            s.disk_bytes as f64 / 1048576.0,
+            s.epoch
         );
     }
 }

@@ -7,6 +7,7 @@ pub mod ctl;
 pub mod demo;
 pub mod demo_data;
 pub mod embedded;
+pub mod placement;
 pub mod procs;
 pub mod snapshots;
 pub mod top;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use shoal_ops::embedded::{EmbeddedCluster, EmbeddedConfig};
-use shoal_ops::{ctl, demo, snapshots, top};
+use shoal_ops::{ctl, demo, placement, snapshots, top};
 use shoal_proto::v1;
 
 #[derive(Parser)]
@@ -50,6 +50,24 @@ enum Command {
     /// Snapshots to object storage: create, list, restore, prune.
     #[command(subcommand)]
     Snapshot(snapshots::SnapshotCommand),
+    /// Shard nodes: list, drain, undrain.
+    #[command(subcommand)]
+    Node(placement::NodeCommand),
+    /// Shards: move one to another node while it serves.
+    #[command(subcommand)]
+    Shard(placement::ShardCommand),
+    /// Move shards until no two serving nodes hold more than one apart.
+    Rebalance {
+        /// Only print the moves it would make.
+        #[arg(long)]
+        dry_run: bool,
+        /// Return once the moves are recorded.
+        #[arg(long)]
+        no_wait: bool,
+        /// Give up waiting after this many seconds (the moves go on).
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
+    },
     /// Write the gRPC file descriptor set (for `grpcurl -protoset`).
     ProtoDescriptor {
         #[arg(long, short, default_value = "shoal.protoset")]
@@ -101,6 +119,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Collections(c) => collections(&cli.endpoint, c).await,
         Command::Snapshot(c) => snapshots::run(&cli.endpoint, c).await,
+        Command::Node(c) => placement::node(&cli.endpoint, c).await,
+        Command::Shard(c) => placement::shard(&cli.endpoint, c).await,
+        Command::Rebalance { dry_run, no_wait, timeout } => placement::rebalance(&cli.endpoint, dry_run, no_wait, timeout).await,
         Command::ProtoDescriptor { output } => {
             std::fs::write(&output, shoal_proto::FILE_DESCRIPTOR_SET)?;
             println!("wrote {} (grpcurl -protoset {} ...)", output.display(), output.display());

@@ -30,6 +30,9 @@ pub enum ErrorCode {
     /// placement), a batch log read the log no longer reaches (re-seed
     /// from a snapshot), log entries out of order (re-read `last_seq`).
     FailedPrecondition,
+    /// An operation the server started was undone (a shard move rolled
+    /// back); the state is as before it. Asking again starts it again.
+    Aborted,
     /// A bug or a broken invariant on the server.
     Internal,
 }
@@ -44,6 +47,7 @@ impl ErrorCode {
             ErrorCode::ResourceExhausted => Code::ResourceExhausted,
             ErrorCode::DeadlineExceeded => Code::DeadlineExceeded,
             ErrorCode::FailedPrecondition => Code::FailedPrecondition,
+            ErrorCode::Aborted => Code::Aborted,
             ErrorCode::Internal => Code::Internal,
         }
     }
@@ -54,7 +58,8 @@ impl ErrorCode {
             Code::FailedPrecondition => ErrorCode::FailedPrecondition,
             Code::NotFound => ErrorCode::NotFound,
             Code::AlreadyExists => ErrorCode::AlreadyExists,
-            Code::Unavailable | Code::Aborted | Code::Cancelled => ErrorCode::Unavailable,
+            Code::Aborted => ErrorCode::Aborted,
+            Code::Unavailable | Code::Cancelled => ErrorCode::Unavailable,
             Code::ResourceExhausted => ErrorCode::ResourceExhausted,
             Code::DeadlineExceeded => ErrorCode::DeadlineExceeded,
             Code::Ok

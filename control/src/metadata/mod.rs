@@ -32,7 +32,7 @@ use tokio::sync::watch;
 
 pub use crate::model::{Collection, Member};
 pub use memory::InMemoryStore;
-pub use placement::place;
+pub use placement::{PlannedMove, place, rebalance};
 
 /// A point in the store's history: every change makes a higher one. For
 /// etcd, its revision numbers (`mod_revision` of a key).
@@ -67,6 +67,12 @@ impl View {
 
     pub fn member(&self, id: &NodeId) -> Option<&Member> {
         self.members.get(id)
+    }
+
+    /// Members that may receive shards: alive, serving by their own
+    /// account, and not drained by an operator.
+    pub fn placeable(&self) -> impl Iterator<Item = &Member> {
+        self.members.values().filter(|m| m.state == crate::model::NodeState::Serving && !self.draining.contains(&m.id))
     }
 }
 

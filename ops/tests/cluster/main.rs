@@ -7,5 +7,6 @@ mod discovery;
 mod durability;
 mod fencing;
 mod membership;
+mod moves;
 mod search;
 mod snapshots;

@@ -108,7 +108,8 @@ pub(super) fn decode_collection(key: &str, name: CollectionName, bytes: &[u8]) -
             None => None,
             Some(m) => {
                 let node = |n: &str| NodeId::parse(n).map_err(|e| corrupt(key, format!("shard {i}'s move: {e}")));
-                let phase = MovePhase::parse(&m.phase).ok_or_else(|| corrupt(key, format!("shard {i}'s move phase {:?} is not a known one", m.phase)))?;
+                let phase = MovePhase::parse(&m.phase)
+                    .ok_or_else(|| corrupt(key, format!("shard {i}'s move phase {:?} is not a known one", m.phase)))?;
                 Some(ShardMove { from: node(&m.from)?, to: node(&m.to)?, phase, attempt: m.attempt })
             }
         };
@@ -210,8 +211,9 @@ mod tests {
         // stay well below: 4,096 shards with three 32-character replicas and
         // 20-digit epochs take about 150 bytes a shard.
         let node = |i: usize| NodeId::parse(&format!("shard-node-{i:022}")).unwrap();
-        let shards: Vec<ShardPlacement> =
-            (0..4096).map(|i| ShardPlacement { replicas: vec![node(i), node(i + 1), node(i + 2)], epoch: u64::MAX, moving: None }).collect();
+        let shards: Vec<ShardPlacement> = (0..4096)
+            .map(|i| ShardPlacement { replicas: vec![node(i), node(i + 1), node(i + 2)], epoch: u64::MAX, moving: None })
+            .collect();
         let spec = CollectionSpec { dimension: 1536, metric: Metric::Cosine, index: IndexParams::default(), shard_count: 4096 };
         let c = Collection { name: CollectionName::parse("docs").unwrap(), spec, shards };
         let size = encode_collection(&c).unwrap().len();

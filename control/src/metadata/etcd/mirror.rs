@@ -125,7 +125,9 @@ impl Mirror {
                 // The value says nothing yet; the key's presence is the mark.
                 self.view.draining.insert(id);
             }
-            Key::Collection(Err(reason)) | Key::Node(Err(reason)) | Key::Drain(Err(reason)) => skip(&MetaError::Corrupt { key: key.into_owned(), reason }),
+            Key::Collection(Err(reason)) | Key::Node(Err(reason)) | Key::Drain(Err(reason)) => {
+                skip(&MetaError::Corrupt { key: key.into_owned(), reason })
+            }
             Key::Other => {}
         }
     }

@@ -1,0 +1,399 @@
+//! The controller's work: carrying out the moves recorded in the placement
+//! (docs/control-plane.md, "How a shard moves") and recording the moves a
+//! drain needs. Runs only while this coordinator is the controller; every
+//! step it takes is either idempotent on the shard nodes or a conditional
+//! change in the store, so a controller that dies at any point leaves a
+//! record the next one finishes (after the switch) or rolls back (before).
+//!
+//! One move at a time: a move's snapshot and restore are disk- and
+//! network-bound, and the write pause at its fence is shortest when
+//! nothing else competes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_control::model::{MovePhase, ShardMove, ShardPlacement};
+use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
+use tokio::time::Instant;
+
+use crate::client::ShardClient;
+use crate::cluster::Cluster;
+use crate::moves::holdings;
+
+/// A snapshot, a restore or a catch-up step of a large shard may take long.
+const STEP_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// Catch-up rounds while writes still flow to the source, before fencing.
+const CATCH_UP_ROUNDS: usize = 50;
+
+/// Fence once the target is this few batches behind: what is left is
+/// copied while writes to the shard wait.
+const FENCE_LAG: u64 = 8;
+
+/// Messages of log entries one catch-up round reads at most.
+const ROUND_MESSAGES: usize = 64;
+
+/// After a move of a shard fails, the controller leaves that shard alone
+/// this long (a drain would otherwise retry it in a tight loop).
+const BACKOFF: Duration = Duration::from_secs(10);
+
+/// What the controller does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Task {
+    /// Carry out (or finish) the move recorded for this shard.
+    Move(CollectionName, u32),
+    /// Record a move for this shard of a draining node.
+    Drain(CollectionName, u32),
+}
+
+/// The controller's loop; runs until dropped (leadership lost or the
+/// coordinator stops).
+pub(crate) async fn lead(cluster: Arc<Cluster>) {
+    let mut views = cluster.meta.watch();
+    let mut failed: HashMap<(CollectionName, u32), Instant> = HashMap::new();
+    loop {
+        failed.retain(|_, until| *until > Instant::now());
+        let view = views.borrow_and_update().clone();
+        let task = next_task(&view, |name, shard| failed.contains_key(&(name.clone(), shard)));
+        let Some(task) = task else {
+            // Nothing to do: wait for a change (or retry a backed-off one).
+            let _ = tokio::time::timeout(Duration::from_secs(1), views.changed()).await;
+            continue;
+        };
+        let result = match &task {
+            Task::Move(name, shard) => cluster.carry_out(name, *shard).await,
+            Task::Drain(name, shard) => cluster.record_move(name, *shard, None).await.map(|_| ()),
+        };
+        if let Err(e) = result {
+            let (Task::Move(name, shard) | Task::Drain(name, shard)) = task;
+            tracing::warn!(collection = %name, shard, error = %e, "controller: shard move failed; retrying in {BACKOFF:?} if still wanted");
+            failed.insert((name, shard), Instant::now() + BACKOFF);
+        }
+    }
+}
+
+/// Moves already recorded come first (finishing one that switched before
+/// starting a copy), then shards of draining nodes.
+fn next_task(view: &shoal_control::metadata::View, backed_off: impl Fn(&CollectionName, u32) -> bool) -> Option<Task> {
+    let mut copying = None;
+    for (name, c) in &view.collections {
+        for (i, p) in c.value.shards.iter().enumerate() {
+            let Some(m) = &p.moving else { continue };
+            if backed_off(name, i as u32) {
+                continue;
+            }
+            match m.phase {
+                MovePhase::Switched => return Some(Task::Move(name.clone(), i as u32)),
+                MovePhase::Copying => {
+                    copying.get_or_insert_with(|| Task::Move(name.clone(), i as u32));
+                }
+            }
+        }
+    }
+    if copying.is_some() {
+        return copying;
+    }
+    for node in &view.draining {
+        for (name, shard) in holdings(view, node) {
+            let moving = view.collections[&name].value.shards[shard as usize].moving.is_some();
+            if !moving && !backed_off(&name, shard) {
+                return Some(Task::Drain(name, shard));
+            }
+        }
+    }
+    None
+}
+
+/// Where a catch-up stands.
+#[derive(Debug, Clone, Copy)]
+struct Progress {
+    /// The target's last batch.
+    target: u64,
+    /// The source's last batch, as of the last read.
+    source: u64,
+}
+
+impl Cluster {
+    /// Carries out the move recorded for shard `shard` of `name`, from
+    /// wherever it stands.
+    async fn carry_out(&self, name: &CollectionName, shard: u32) -> Result<(), ShoalError> {
+        let c = self.collection(name.as_str())?;
+        let Some(m) = c.shards.get(shard as usize).and_then(|p| p.moving.clone()) else { return Ok(()) };
+        if m.phase == MovePhase::Switched {
+            return self.finish_move(name, shard, &m).await;
+        }
+        let attempt = self.claim(name, shard, &m).await?;
+        let started = std::time::Instant::now();
+        tracing::info!(collection = %name, shard, from = %m.from, to = %m.to, attempt, "shard move: copying");
+        match self.copy_and_switch(name, shard, &m, attempt).await {
+            Ok(()) => {
+                tracing::info!(collection = %name, shard, from = %m.from, to = %m.to, ms = started.elapsed().as_millis() as u64, "shard move: switched");
+                let switched = ShardMove { phase: MovePhase::Switched, attempt, ..m };
+                self.finish_move(name, shard, &switched).await
+            }
+            Err(e) => {
+                self.roll_back(name, shard, &m, attempt, &e).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes this attempt the move's own: bumps `attempt` (a stale
+    /// controller still working on the move then cannot switch it), and
+    /// raises the placement's epoch to the source's if an earlier attempt
+    /// fenced the source and died before switching, so writes flow again.
+    async fn claim(&self, name: &CollectionName, shard: u32, m: &ShardMove) -> Result<u64, ShoalError> {
+        let source_epoch = self.shard_stats_on(&m.from, name, shard).await?.epoch;
+        let attempt = m.attempt + 1;
+        self.change_shard(name, shard, |p, _| {
+            let Some(now) = p.moving.as_ref().filter(|now| now.to == m.to && now.phase == MovePhase::Copying) else {
+                return Err(aborted(name, shard, "the move was changed or cancelled meanwhile"));
+            };
+            let mut next = p.clone();
+            next.epoch = p.epoch.max(source_epoch);
+            next.moving = Some(ShardMove { attempt: now.attempt.max(attempt), ..now.clone() });
+            Ok(Some(next))
+        })
+        .await?;
+        Ok(attempt)
+    }
+
+    /// Seeds the target from a snapshot, catches it up from the source's
+    /// batch log, fences the source, catches up the rest and switches the
+    /// placement.
+    async fn copy_and_switch(&self, name: &CollectionName, shard: u32, m: &ShardMove, attempt: u64) -> Result<(), ShoalError> {
+        let id = Some(v1::ShardId { collection: name.to_string(), shard });
+        let (from, to) = (self.client(&m.from)?, self.client(&m.to)?);
+
+        // Seed: a snapshot of the source, restored on the target.
+        let snap = self
+            .on_node(&m.from, from.snapshot_shard(v1::SnapshotShardRequest { shard: id.clone(), ..Default::default() }, STEP_TIMEOUT))
+            .await
+            .map_err(|e| e.context(format!("snapshot of shard {shard} of {name} on {}", m.from)))?;
+        let restore = v1::RestoreShardRequest { shard: id.clone(), snapshot_id: snap.id.clone(), replace: true };
+        let restored = self.on_node(&m.to, to.restore_shard(restore, STEP_TIMEOUT)).await.map_err(|e| {
+            let hint = if e.code == ErrorCode::NotFound {
+                " (a move needs the source and the target to share a snapshot store: [shard_node.snapshot] url)"
+            } else {
+                ""
+            };
+            e.context(format!("restore of snapshot {} on {}{hint}", snap.id, m.to))
+        })?;
+        tracing::info!(collection = %name, shard, snapshot = %snap.id, last_seq = restored.last_seq, "shard move: target seeded");
+
+        // Catch up while writes still go to the source.
+        let mut at = Progress { target: restored.last_seq, source: restored.last_seq };
+        for _ in 0..CATCH_UP_ROUNDS {
+            at = self.catch_up(&m.from, &from, &m.to, &to, &id, at.target, Some(ROUND_MESSAGES)).await?;
+            if at.source.saturating_sub(at.target) <= FENCE_LAG {
+                break;
+            }
+        }
+        self.still_ours(name, shard, attempt)?;
+
+        // Fence: the source refuses writes stamped with the placement's
+        // epoch from now on; writers wait for the switch (within their
+        // deadlines). Reads go on.
+        let placement_epoch = self.collection(name.as_str())?.shards[shard as usize].epoch;
+        let source_epoch = self.shard_stats_on(&m.from, name, shard).await?.epoch;
+        let epoch = placement_epoch.max(source_epoch) + 1;
+        let fenced_at = Instant::now();
+        self.on_node(&m.from, from.fence_shard(v1::FenceShardRequest { shard: id.clone(), epoch }, STEP_TIMEOUT))
+            .await
+            .map_err(|e| e.context(format!("fencing shard {shard} of {name} on {}", m.from)))?;
+        let at = self.catch_up(&m.from, &from, &m.to, &to, &id, at.target, None).await?;
+        if at.target != at.source {
+            return Err(ShoalError::internal(format!(
+                "shard {shard} of {name}: the target is at batch {} after the final catch-up, the fenced source at {}",
+                at.target, at.source
+            )));
+        }
+        self.on_node(&m.to, to.fence_shard(v1::FenceShardRequest { shard: id.clone(), epoch }, STEP_TIMEOUT))
+            .await
+            .map_err(|e| e.context(format!("raising the epoch of the copy on {}", m.to)))?;
+
+        // Switch: one conditional change makes the target the owner.
+        self.change_shard(name, shard, |p, _| {
+            if !p.moving.as_ref().is_some_and(|now| now.to == m.to && now.attempt == attempt) {
+                return Err(aborted(name, shard, "another controller took the move over"));
+            }
+            let moving = Some(ShardMove { phase: MovePhase::Switched, attempt, ..m.clone() });
+            Ok(Some(ShardPlacement { replicas: vec![m.to.clone()], epoch, moving }))
+        })
+        .await?;
+        tracing::info!(
+            collection = %name, shard, epoch, last_seq = at.target,
+            writes_paused_ms = fenced_at.elapsed().as_millis() as u64,
+            "shard move: placement switched"
+        );
+        Ok(())
+    }
+
+    /// Copies batch log entries from the source to the target from
+    /// `target + 1` on: `Some(n)` messages at most, or until the target
+    /// holds everything the source has.
+    #[allow(clippy::too_many_arguments)]
+    async fn catch_up(
+        &self,
+        from_node: &NodeId,
+        from: &ShardClient,
+        to_node: &NodeId,
+        to: &ShardClient,
+        id: &Option<v1::ShardId>,
+        mut target: u64,
+        messages: Option<usize>,
+    ) -> Result<Progress, ShoalError> {
+        let mut read = 0usize;
+        loop {
+            let req = v1::ReadBatchLogRequest { shard: id.clone(), from_seq: target + 1, max_bytes: 0 };
+            let log = self
+                .on_node(from_node, from.read_batch_log(req, STEP_TIMEOUT))
+                .await
+                .map_err(|e| e.context(format!("reading the batch log on {from_node} from {}", target + 1)))?;
+            if log.entries.is_empty() {
+                return Ok(Progress { target, source: log.last_seq });
+            }
+            // Epoch 0: the copy is not the owner yet; its epoch is raised
+            // explicitly once it has everything.
+            let apply = v1::ApplyLogEntriesRequest { shard: id.clone(), epoch: 0, entries: log.entries };
+            let applied = self
+                .on_node(to_node, to.apply_log_entries(apply, STEP_TIMEOUT))
+                .await
+                .map_err(|e| e.context(format!("applying batch log entries on {to_node}")))?;
+            target = applied.last_seq;
+            read += 1;
+            if messages.is_some_and(|n| read >= n) {
+                return Ok(Progress { target, source: log.last_seq });
+            }
+        }
+    }
+
+    /// After the switch: the source's copy is dropped once searches that
+    /// started before the switch had time to end, and the record goes.
+    async fn finish_move(&self, name: &CollectionName, shard: u32, m: &ShardMove) -> Result<(), ShoalError> {
+        tokio::time::sleep(self.options().search_timeout + Duration::from_secs(1)).await;
+        let id = Some(v1::ShardId { collection: name.to_string(), shard });
+        match self.client(&m.from) {
+            Ok(from) => match self.on_node(&m.from, from.drop_shard(v1::DropShardRequest { shard: id }, STEP_TIMEOUT)).await {
+                Ok(_) => {}
+                Err(e) if e.code == ErrorCode::NotFound => {}
+                Err(e) => {
+                    // The copy is fenced and no placement names it: it
+                    // takes disk, nothing else. Leaving it must not keep
+                    // the move open.
+                    tracing::warn!(collection = %name, shard, node = %m.from, error = %e, "could not drop the moved shard's old copy; drop it by hand");
+                }
+            },
+            Err(e) => {
+                tracing::warn!(collection = %name, shard, node = %m.from, error = %e, "the moved shard's old node is gone; its copy stays on its disk")
+            }
+        }
+        self.change_shard(name, shard, |p, _| {
+            Ok(p.moving.as_ref().filter(|now| now.phase == MovePhase::Switched && now.to == m.to).map(|_| {
+                let mut next = p.clone();
+                next.moving = None;
+                next
+            }))
+        })
+        .await?;
+        tracing::info!(collection = %name, shard, from = %m.from, to = %m.to, "shard move: done");
+        Ok(())
+    }
+
+    /// Before the switch, undoes a move: drops what was copied to the
+    /// target and leaves the source the owner, at its (maybe fenced) epoch.
+    async fn roll_back(&self, name: &CollectionName, shard: u32, m: &ShardMove, attempt: u64, why: &ShoalError) {
+        if self.still_ours(name, shard, attempt).is_err() {
+            return;
+        }
+        tracing::warn!(collection = %name, shard, from = %m.from, to = %m.to, error = %why, "shard move: rolling back");
+        let id = Some(v1::ShardId { collection: name.to_string(), shard });
+        if let Ok(to) = self.client(&m.to)
+            && let Err(e) = self.on_node(&m.to, to.drop_shard(v1::DropShardRequest { shard: id }, STEP_TIMEOUT)).await
+            && e.code != ErrorCode::NotFound
+        {
+            tracing::warn!(collection = %name, shard, node = %m.to, error = %e, "could not drop the partial copy; it is not in any placement");
+        }
+        let source_epoch = self.shard_stats_on(&m.from, name, shard).await.map(|s| s.epoch).unwrap_or(0);
+        let undone = self
+            .change_shard(name, shard, |p, _| {
+                if !p.moving.as_ref().is_some_and(|now| now.to == m.to && now.attempt == attempt && now.phase == MovePhase::Copying) {
+                    return Ok(None);
+                }
+                let mut next = p.clone();
+                next.moving = None;
+                next.epoch = p.epoch.max(source_epoch);
+                Ok(Some(next))
+            })
+            .await;
+        if let Err(e) = undone {
+            tracing::warn!(collection = %name, shard, error = %e, "could not clear the move record; the next controller rolls it back");
+        }
+    }
+
+    fn still_ours(&self, name: &CollectionName, shard: u32, attempt: u64) -> Result<(), ShoalError> {
+        let c = self.collection(name.as_str())?;
+        match c.shards.get(shard as usize).and_then(|p| p.moving.as_ref()) {
+            Some(m) if m.attempt == attempt && m.phase == MovePhase::Copying => Ok(()),
+            _ => Err(aborted(name, shard, "another controller took the move over")),
+        }
+    }
+
+    async fn shard_stats_on(&self, node: &NodeId, name: &CollectionName, shard: u32) -> Result<v1::ShardStats, ShoalError> {
+        let req = v1::ShardStatsRequest { shard: Some(v1::ShardId { collection: name.to_string(), shard }) };
+        let client = self.client(node)?;
+        self.on_node(node, client.get_shard_stats(req, Duration::from_secs(10)))
+            .await
+            .map_err(|e| e.context(format!("stats of shard {shard} of {name} on {node}")))
+    }
+}
+
+fn aborted(name: &CollectionName, shard: u32, why: &str) -> ShoalError {
+    ShoalError::new(ErrorCode::Aborted, format!("move of shard {shard} of {name}: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_control::metadata::{Versioned, View};
+    use shoal_control::model::{Collection, CollectionSpec, Metric};
+
+    use super::*;
+
+    fn node(n: &str) -> NodeId {
+        NodeId::parse(n).unwrap()
+    }
+
+    fn view(shards: Vec<ShardPlacement>, draining: &[&str]) -> View {
+        let name = CollectionName::parse("docs").unwrap();
+        let spec = CollectionSpec { dimension: 2, metric: Metric::Dot, index: Default::default(), shard_count: shards.len() as u32 };
+        let mut v = View::default();
+        v.collections.insert(name.clone(), Versioned { value: Collection { name, spec, shards }, revision: 1 });
+        v.draining = draining.iter().map(|n| node(n)).collect();
+        v
+    }
+
+    fn moving(from: &str, to: &str, phase: MovePhase) -> ShardPlacement {
+        let owner = if phase == MovePhase::Copying { from } else { to };
+        let mut p = ShardPlacement::on(node(owner));
+        p.moving = Some(ShardMove { from: node(from), to: node(to), phase, attempt: 0 });
+        p
+    }
+
+    #[test]
+    fn switched_moves_finish_first_then_copies_then_drains() {
+        let docs = CollectionName::parse("docs").unwrap();
+        let none = |_: &CollectionName, _: u32| false;
+        let v = view(
+            vec![ShardPlacement::on(node("n0")), moving("n1", "n2", MovePhase::Copying), moving("n0", "n3", MovePhase::Switched)],
+            &["n0"],
+        );
+        assert_eq!(next_task(&v, none), Some(Task::Move(docs.clone(), 2)));
+        let v = view(vec![ShardPlacement::on(node("n0")), moving("n1", "n2", MovePhase::Copying)], &["n0"]);
+        assert_eq!(next_task(&v, none), Some(Task::Move(docs.clone(), 1)));
+        let v = view(vec![ShardPlacement::on(node("n1")), ShardPlacement::on(node("n0"))], &["n0"]);
+        assert_eq!(next_task(&v, none), Some(Task::Drain(docs.clone(), 1)));
+        assert_eq!(next_task(&v, |_, s| s == 1), None, "a backed-off shard waits");
+        assert_eq!(next_task(&view(vec![ShardPlacement::on(node("n1"))], &["n0"]), none), None);
+    }
+}

@@ -1,0 +1,131 @@
+//! `shoalctl node list|drain|undrain`, `shoalctl shard move` and
+//! `shoalctl rebalance`: the operator's side of the control plane
+//! (docs/control-plane.md). Each command asks a coordinator, which records
+//! the request; the controller carries it out. By default a command waits
+//! until the work is done (`--no-wait` returns once it is recorded), and a
+//! command interrupted while waiting leaves the work going on.
+
+use std::time::Duration;
+
+use shoal_proto::v1;
+
+use crate::ctl;
+
+/// The `node` subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum NodeCommand {
+    /// Every member with its state, address, shards and free disk.
+    List,
+    /// Move every shard off a node; it takes no new ones. Prints
+    /// "removable" when the node holds nothing and can be stopped.
+    Drain {
+        node: String,
+        /// Return once the drain is recorded.
+        #[arg(long)]
+        no_wait: bool,
+        /// Give up waiting after this many seconds (the drain goes on).
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
+    },
+    /// Let a drained node take shards again.
+    Undrain { node: String },
+}
+
+/// The `shard` subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum ShardCommand {
+    /// Move one shard to another node while it serves.
+    Move {
+        /// `collection/shard`, e.g. `docs/2`.
+        shard: String,
+        /// Target node (default: the serving node holding the fewest shards).
+        #[arg(long)]
+        to: Option<String>,
+        /// Return once the move is recorded.
+        #[arg(long)]
+        no_wait: bool,
+        /// Give up waiting after this many seconds (the move goes on).
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
+    },
+}
+
+/// `collection/shard` as the commands take it.
+pub fn parse_shard(s: &str) -> anyhow::Result<(String, u32)> {
+    let (c, i) = s.rsplit_once('/').ok_or_else(|| anyhow::anyhow!("{s:?} is not collection/shard (e.g. docs/2)"))?;
+    let i = i.parse().map_err(|_| anyhow::anyhow!("{s:?}: shard {i:?} is not a number"))?;
+    Ok((c.to_owned(), i))
+}
+
+fn timed<T>(msg: T, timeout: u64) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(Duration::from_secs(timeout));
+    r
+}
+
+fn print_move(m: &v1::ShardMove) {
+    let to = if m.to_node.is_empty() { "?" } else { &m.to_node };
+    println!("  {}/{}: {} -> {}  {}", m.collection, m.shard, m.from_node, to, m.phase);
+}
+
+pub async fn node(endpoint: &str, cmd: NodeCommand) -> anyhow::Result<()> {
+    let mut client = ctl::connect(endpoint).await?;
+    match cmd {
+        NodeCommand::List => ctl::print_nodes(&client.cluster_status(v1::ClusterStatusRequest {}).await?.into_inner()),
+        NodeCommand::Drain { node, no_wait, timeout } => {
+            if !no_wait {
+                println!("draining {node}: moving its shards (Ctrl-C stops waiting, not the drain)");
+            }
+            let req = v1::DrainNodeRequest { node: node.clone(), undrain: false, wait: !no_wait };
+            let r = client.drain_node(timed(req, timeout)).await?.into_inner();
+            if r.removable {
+                println!("{node}: removable (holds no shard)");
+            } else {
+                println!("{node}: draining, {} shards to move", r.moves.len());
+                r.moves.iter().for_each(print_move);
+            }
+        }
+        NodeCommand::Undrain { node } => {
+            client.drain_node(v1::DrainNodeRequest { node: node.clone(), undrain: true, wait: false }).await?;
+            println!("{node}: takes shards again");
+        }
+    }
+    Ok(())
+}
+
+pub async fn shard(endpoint: &str, cmd: ShardCommand) -> anyhow::Result<()> {
+    let mut client = ctl::connect(endpoint).await?;
+    match cmd {
+        ShardCommand::Move { shard, to, no_wait, timeout } => {
+            let (collection, shard) = parse_shard(&shard)?;
+            let req = v1::MoveShardRequest { collection, shard, to_node: to.unwrap_or_default(), wait: !no_wait };
+            let r = client.move_shard(timed(req, timeout)).await?.into_inner();
+            if let Some(m) = &r.r#move {
+                print_move(m);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn rebalance(endpoint: &str, dry_run: bool, no_wait: bool, timeout: u64) -> anyhow::Result<()> {
+    let mut client = ctl::connect(endpoint).await?;
+    let r = client.rebalance(timed(v1::RebalanceRequest { dry_run, wait: !no_wait }, timeout)).await?.into_inner();
+    if r.moves.is_empty() {
+        println!("balanced: nothing to move");
+    }
+    r.moves.iter().for_each(print_move);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_collection_slash_index() {
+        assert_eq!(parse_shard("docs/2").unwrap(), ("docs".to_owned(), 2));
+        assert!(parse_shard("docs").unwrap_err().to_string().contains("collection/shard"));
+        assert!(parse_shard("docs/x").unwrap_err().to_string().contains("not a number"));
+    }
+}
