@@ -12,6 +12,7 @@ pub mod merge;
 mod mover;
 pub(crate) mod moves;
 pub mod pool;
+mod recover;
 pub mod routing;
 pub mod server;
 pub mod service;

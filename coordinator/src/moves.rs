@@ -272,7 +272,7 @@ impl Cluster {
 }
 
 /// A move's target must be alive, serving and not drained.
-fn check_target(view: &View, to: &NodeId) -> Result<(), ShoalError> {
+pub(crate) fn check_target(view: &View, to: &NodeId) -> Result<(), ShoalError> {
     let Some(m) = view.member(to) else {
         let known: Vec<&str> = view.members.keys().map(NodeId::as_str).collect();
         return Err(ShoalError::not_found(format!("node {to} is not a member (members: {})", known.join(", "))));

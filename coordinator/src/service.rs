@@ -206,4 +206,8 @@ impl Shoal for ShoalService {
         let caller = caller(&r);
         Ok(Response::new(self.cluster.rebalance(r.into_inner(), caller).await?))
     }
+
+    async fn recover_shard(&self, r: Request<v1::RecoverShardRequest>) -> Result<Response<v1::RecoverShardResponse>, Status> {
+        Ok(Response::new(self.cluster.recover_shard(r.into_inner()).await?))
+    }
 }

@@ -17,7 +17,7 @@ use shoal_control::model::{Collection, CollectionSpec, ShardPlacement};
 const LONG_CALL: Duration = Duration::from_secs(24 * 3600);
 
 /// Same rules as the snapshot library (ids become object keys).
-fn check_id(id: &str) -> Result<(), ShoalError> {
+pub(crate) fn check_id(id: &str) -> Result<(), ShoalError> {
     let ok = !id.is_empty()
         && id.len() <= 64
         && !id.starts_with('.')

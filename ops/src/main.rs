@@ -23,14 +23,27 @@ enum Command {
     /// sample, search it, report recall, ingest rate and latency.
     Demo(demo::DemoArgs),
     /// Run a coordinator and shard nodes in this process on fixed loopback
-    /// ports until Ctrl-C.
+    /// ports until Ctrl-C; with `--etcd`, each one its own process,
+    /// registered in that etcd, to try moves, drains and failures by hand.
     Dev {
         #[arg(long, default_value = "./shoal-data/dev")]
         data_dir: PathBuf,
         #[arg(long, default_value_t = 3)]
         shard_nodes: usize,
+        /// The (first) coordinator's port; in process, shard nodes take the
+        /// ports after it.
         #[arg(long, default_value_t = 7700)]
         port: u16,
+        /// etcd endpoint: run separate processes sharing membership and
+        /// placement through it (etcd must be running).
+        #[arg(long)]
+        etcd: Option<String>,
+        /// Key prefix in etcd (one cluster per prefix).
+        #[arg(long, default_value = "/shoal/dev")]
+        etcd_prefix: String,
+        /// Coordinators to run with `--etcd` (ports `port`, `port + 1`, ...).
+        #[arg(long, default_value_t = 1)]
+        coordinators: usize,
     },
     /// Nodes, collections and shards of the cluster.
     Status,
@@ -99,9 +112,15 @@ enum Collections {
     },
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() -> anyhow::Result<()> {
+    // `shoalctl dev --etcd` runs the roles as processes of this program.
+    if let Some(ran) = shoal_ops::procs::run_role_if_asked() {
+        return ran;
+    }
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(Cli::parse()))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     // The embedded cluster sets up the process's telemetry itself (logs
     // included, and traces when OTEL_EXPORTER_OTLP_ENDPOINT is set).
     if !matches!(cli.command, Command::Demo(_) | Command::Dev { .. }) {
@@ -111,7 +130,10 @@ async fn main() -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Demo(args) => demo::run(args).await,
-        Command::Dev { data_dir, shard_nodes, port } => dev(data_dir, shard_nodes, port).await,
+        Command::Dev { data_dir, shard_nodes, port, etcd: Some(etcd), etcd_prefix, coordinators } => {
+            dev_processes(data_dir, shard_nodes, port, etcd, etcd_prefix, coordinators).await
+        }
+        Command::Dev { data_dir, shard_nodes, port, etcd: None, .. } => dev(data_dir, shard_nodes, port).await,
         Command::Status => ctl::status(&cli.endpoint).await,
         Command::Top { interval, once } => {
             anyhow::ensure!(interval > 0.0 && interval.is_finite(), "--interval must be a positive number of seconds");
@@ -150,6 +172,49 @@ async fn dev(data_dir: PathBuf, shard_nodes: usize, port: u16) -> anyhow::Result
     tokio::signal::ctrl_c().await?;
     println!("stopping: committing queued batches, closing shards");
     cluster.shutdown().await?;
+    println!("stopped");
+    Ok(())
+}
+
+/// `shoalctl dev --etcd`: shard nodes and coordinators as processes of
+/// this program, on loopback, sharing one etcd prefix and one snapshot
+/// directory (moves seed from snapshots).
+async fn dev_processes(
+    data_dir: PathBuf,
+    shard_nodes: usize,
+    port: u16,
+    etcd: String,
+    prefix: String,
+    coordinators: usize,
+) -> anyhow::Result<()> {
+    use shoal_ops::procs::{ClusterSpec, Launcher, ProcessCluster};
+    anyhow::ensure!(shard_nodes >= 1 && coordinators >= 1, "--shard-nodes and --coordinators must be at least 1");
+    let mut spec = ClusterSpec::new(Launcher::Roles(std::env::current_exe()?), &data_dir, shard_nodes);
+    spec.etcd = Some((etcd.clone(), prefix.clone()));
+    spec.coordinators = coordinators;
+    spec.first_coordinator_port = Some(port);
+    let cluster = tokio::task::spawn_blocking(move || ProcessCluster::start(&spec)).await??;
+    println!("shoal dev cluster up on etcd {etcd} (prefix {prefix}); data, logs and snapshots in {}", data_dir.display());
+    for c in std::iter::once(&cluster.coordinator).chain(&cluster.more_coordinators) {
+        println!("  {:<13} {} (pid {})", c.id, c.endpoint(), c.pid());
+    }
+    for n in &cluster.nodes {
+        println!("  {:<13} {} (pid {})", n.id, n.endpoint(), n.pid());
+    }
+    println!();
+    println!("try:  shoalctl node list; shoalctl shard move docs/0; shoalctl node drain shard-1; shoalctl rebalance --dry-run");
+    println!("      kill -9 <pid> to see a node or the controller die");
+    println!("Ctrl-C stops them all (SIGTERM: queued batches commit first).");
+    tokio::signal::ctrl_c().await?;
+    println!("stopping");
+    tokio::task::spawn_blocking(move || {
+        for p in cluster.nodes.iter().chain(std::iter::once(&cluster.coordinator)).chain(&cluster.more_coordinators) {
+            if let Ok(None) = p.exited() {
+                let _ = p.terminate();
+            }
+        }
+    })
+    .await?;
     println!("stopped");
     Ok(())
 }

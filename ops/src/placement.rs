@@ -48,6 +48,19 @@ pub enum ShardCommand {
         #[arg(long, default_value_t = 3600)]
         timeout: u64,
     },
+    /// Restore a shard whose node is gone (its lease ended) on another
+    /// node from its latest snapshot; ingest jobs then resume from their
+    /// offsets (GetOffsets), which the snapshot carries.
+    Recover {
+        /// `collection/shard`, e.g. `docs/2`.
+        shard: String,
+        /// Target node (default: the serving node holding the fewest shards).
+        #[arg(long)]
+        to: Option<String>,
+        /// Snapshot id (default: the shard's latest).
+        #[arg(long)]
+        snapshot: Option<String>,
+    },
 }
 
 /// `collection/shard` as the commands take it.
@@ -102,6 +115,26 @@ pub async fn shard(endpoint: &str, cmd: ShardCommand) -> anyhow::Result<()> {
             let r = client.move_shard(timed(req, timeout)).await?.into_inner();
             if let Some(m) = &r.r#move {
                 print_move(m);
+            }
+        }
+        ShardCommand::Recover { shard, to, snapshot } => {
+            let (collection, shard) = parse_shard(&shard)?;
+            let req = v1::RecoverShardRequest {
+                collection: collection.clone(),
+                shard,
+                to_node: to.unwrap_or_default(),
+                snapshot_id: snapshot.unwrap_or_default(),
+            };
+            let r = client.recover_shard(req).await?.into_inner();
+            let (node, epoch, points) = r.shard.as_ref().map_or(("?", 0, 0), |s| (s.node.as_str(), s.epoch, s.points));
+            let snap = r.snapshot.unwrap_or_default();
+            println!(
+                "{collection}/{shard}: recovered on {node} (epoch {epoch}, {points} points) from snapshot {} of {}",
+                snap.id, snap.created_at
+            );
+            println!("  {} is out of its placement; ingest jobs resume from their offsets:", r.from_node);
+            for o in &snap.offsets {
+                println!("  source {}: offset {}", o.source, o.offset);
             }
         }
     }

@@ -314,6 +314,9 @@ pub struct ClusterSpec {
     /// coordinators read membership and placement from it (instead of the
     /// coordinator being given the nodes' addresses).
     pub etcd: Option<(String, String)>,
+    /// Coordinator `j` listens on this port plus `j` (default: any free
+    /// port).
+    pub first_coordinator_port: Option<u16>,
 }
 
 impl ClusterSpec {
@@ -329,6 +332,7 @@ impl ClusterSpec {
             coordinator_env: Vec::new(),
             coordinators: 1,
             etcd: None,
+            first_coordinator_port: None,
         }
     }
 
@@ -381,7 +385,8 @@ impl ProcessCluster {
         let mut coordinators = Vec::new();
         for j in 0..spec.coordinators.max(1) {
             let id = if j == 0 { "coordinator".to_owned() } else { format!("coordinator-{j}") };
-            let mut args = vec!["--listen".to_owned(), "127.0.0.1:0".to_owned(), "--id".into(), id.clone()];
+            let port = spec.first_coordinator_port.map_or(0, |p| p + j as u16);
+            let mut args = vec!["--listen".to_owned(), format!("127.0.0.1:{port}"), "--id".into(), id.clone()];
             if spec.etcd.is_some() {
                 args.extend(spec.etcd_args());
             } else {

@@ -3,10 +3,12 @@
 
 mod bad_requests;
 mod common;
+mod dev_etcd;
 mod discovery;
 mod durability;
 mod fencing;
 mod membership;
 mod moves;
+mod runbooks;
 mod search;
 mod snapshots;
