@@ -102,7 +102,8 @@ impl Cluster {
                 ErrorCode::FailedPrecondition,
                 format!(
                     "node {dead}, which holds shard {shard} of {name}, is a member: recovering from a snapshot would lose what it took \
-                     since; move the shard instead (`shoalctl shard move {name}/{shard}`)"
+                     since; move the shard instead (`shoalctl shard move {name}/{shard}`), or, if the node died, wait until its \
+                     lease ends and it leaves `shoalctl node list`"
                 ),
             ));
         }

@@ -10,6 +10,7 @@ use std::process::Command;
 use shoal_proto::v1;
 
 use crate::common::{batch, cluster, create, ingest, points, points_in, rng};
+use crate::dev::{DevCluster, shoalctl, test_etcd};
 
 /// The ```sh blocks of a markdown file, in order.
 fn shell_blocks(markdown: &str) -> Vec<String> {
@@ -37,8 +38,11 @@ fn run_runbook(name: &str, env: &[(&str, String)]) {
     assert!(!blocks.is_empty(), "{name} has no ```sh block");
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_shoalctl")).parent().unwrap().to_owned();
     let path_var = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    // Files a runbook writes land in a directory of its own.
+    let cwd = tempfile::tempdir().expect("a working directory");
     for (i, block) in blocks.iter().enumerate() {
         let out = Command::new("bash")
+            .current_dir(cwd.path())
             .args(["-c", &format!("set -euo pipefail\n{block}")])
             .env("PATH", &path_var)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -76,4 +80,83 @@ async fn runbook_drain_a_node() {
     assert_eq!(held, 0, "the drained node got nothing back without a rebalance");
     assert_eq!(points_in(&mut t.client, "docs").await, 600);
     t.cluster.shutdown().await.unwrap();
+}
+
+/// Streams batches `offsets` of source "job" into `docs` through
+/// `endpoint` (100 points each, ids from the offset); returns the acks.
+fn ingest_job(endpoint: &str, offsets: std::ops::RangeInclusive<u64>) -> Vec<v1::IngestAck> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut client = shoal_proto::v1::shoal_client::ShoalClient::connect(endpoint.to_owned()).await.unwrap();
+        let mut rng = rng("runbook ingest job");
+        let batches = offsets.map(|o| batch("docs", "job", o, points(&mut rng, 8, (o - 1) * 100..o * 100))).collect();
+        ingest(&mut client, batches).await.unwrap()
+    })
+}
+
+fn points_of(endpoint: &str, name: &str) -> u64 {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut client = shoal_proto::v1::shoal_client::ShoalClient::connect(endpoint.to_owned()).await.unwrap();
+        points_in(&mut client, name).await
+    })
+}
+
+#[test]
+fn etcd_runbook_a_node_died() {
+    let Some(etcd) = test_etcd() else {
+        eprintln!("SKIPPED etcd_runbook_a_node_died: SHOAL_TEST_ETCD_ENDPOINT is not set");
+        return;
+    };
+    let dev = DevCluster::start(&etcd, 3, 1);
+    let endpoint = dev.endpoint();
+    shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "3"]);
+    ingest_job(&endpoint, 1..=5);
+    shoalctl(&endpoint, &["snapshot", "create", "docs"]);
+    ingest_job(&endpoint, 6..=10);
+    dev.kill("shard-1");
+    // The runbook starts once the lease has ended (10 s by default).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while shoalctl(&endpoint, &["node", "list"]).contains("shard-1 ") {
+        assert!(std::time::Instant::now() < deadline, "shard-1 never left the membership");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    run_runbook("a-node-died.md", &[("SHOAL_ENDPOINT", endpoint.clone())]);
+
+    // As it says: the job, run again, replays what the snapshot lacks,
+    // and every point is there once.
+    assert!(points_of(&endpoint, "docs") < 1_000, "the recovered shard is as of its snapshot");
+    let acks = ingest_job(&endpoint, 1..=10);
+    assert!(acks.iter().take(5).all(|a| a.status == v1::BatchStatus::Skipped as i32), "batches in the snapshot are skipped: {acks:?}");
+    assert_eq!(points_of(&endpoint, "docs"), 1_000);
+    dev.interrupt();
+}
+
+#[test]
+fn etcd_runbook_a_coordinator_died() {
+    let Some(etcd) = test_etcd() else {
+        eprintln!("SKIPPED etcd_runbook_a_coordinator_died: SHOAL_TEST_ETCD_ENDPOINT is not set");
+        return;
+    };
+    let dev = DevCluster::start(&etcd, 2, 2);
+    let first = dev.endpoint();
+    shoalctl(&first, &["collections", "create", "docs", "--dimension", "8", "--shards", "2"]);
+    ingest_job(&first, 1..=3);
+    // Kill the controller, whichever it is.
+    let status = shoalctl(&first, &["status"]);
+    let controller = status
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("control plane: ").and_then(|r| r.split("controller ").nth(1)).and_then(|r| r.split_whitespace().next())
+        })
+        .expect("a controller in the status")
+        .to_owned();
+    let alive = dev.coordinators.iter().find(|(id, _)| **id != controller).map(|(_, url)| url.clone()).unwrap();
+    dev.kill(&controller);
+    run_runbook("a-coordinator-died.md", &[("SHOAL_ENDPOINT", alive.clone()), ("DEAD", controller.clone())]);
+    // The survivor serves what the dead one created.
+    assert_eq!(points_of(&alive, "docs"), 300);
+    let moved = shoalctl(&alive, &["shard", "move", "docs/0", "--timeout", "60"]);
+    assert!(moved.contains("done"), "the new controller carries out moves: {moved}");
+    dev.interrupt();
 }
