@@ -15,7 +15,9 @@ pub(crate) struct DevCluster {
     /// Coordinator URLs by id.
     pub(crate) coordinators: BTreeMap<String, String>,
     /// Data, logs and snapshots; removed when the harness goes.
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    /// The etcd key prefix of this cluster.
+    pub(crate) prefix: String,
 }
 
 /// The etcd the tests use, if any (`./ops/test.sh` starts one).
@@ -80,13 +82,18 @@ impl DevCluster {
         // Keep reading what it prints (it says when it stops).
         std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| eprintln!("dev: {l}")));
         assert_eq!(pids.len(), nodes + coordinators, "every process printed: {pids:?}");
-        let c = DevCluster { child, pids, coordinators: urls, _dir: dir };
+        let c = DevCluster { child, pids, coordinators: urls, dir, prefix };
         let deadline = Instant::now() + Duration::from_secs(10);
         while shoalctl(&c.endpoint(), &["node", "list"]).matches(" up ").count() < nodes {
             assert!(Instant::now() < deadline, "{nodes} nodes did not register:\n{}", shoalctl(&c.endpoint(), &["node", "list"]));
             std::thread::sleep(Duration::from_millis(100));
         }
         c
+    }
+
+    /// The snapshot store its nodes share.
+    pub(crate) fn snapshots(&self) -> std::path::PathBuf {
+        self.dir.path().join("snapshots")
     }
 
     /// The first coordinator's URL.

@@ -32,17 +32,33 @@ fn shell_blocks(markdown: &str) -> Vec<String> {
 }
 
 fn run_runbook(name: &str, env: &[(&str, String)]) {
+    let cwd = tempfile::tempdir().expect("a working directory");
+    run_runbook_in(name, env, cwd.path());
+}
+
+/// Runs the runbook with `cwd` as its working directory (where the files
+/// it writes land).
+fn run_runbook_in(name: &str, env: &[(&str, String)], cwd: &Path) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/runbooks").join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let blocks = shell_blocks(&text);
     assert!(!blocks.is_empty(), "{name} has no ```sh block");
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_shoalctl")).parent().unwrap().to_owned();
     let path_var = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
-    // Files a runbook writes land in a directory of its own.
-    let cwd = tempfile::tempdir().expect("a working directory");
+    // The roles' binaries are this package's `shoalctl`, which runs them
+    // when asked (`shoalctl shard-node ...`): wrappers under their names.
+    let wrappers = tempfile::tempdir().expect("a directory for wrappers");
+    for role in ["shard-node", "coordinator"] {
+        let path = wrappers.path().join(format!("shoal-{role}"));
+        std::fs::write(&path, format!("#!/bin/sh\nexec '{}' {role} \"$@\"\n", env!("CARGO_BIN_EXE_shoalctl"))).unwrap();
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).unwrap();
+    }
+    let path_var = format!("{}:{path_var}", wrappers.path().display());
     for (i, block) in blocks.iter().enumerate() {
         let out = Command::new("bash")
-            .current_dir(cwd.path())
+            .current_dir(cwd)
             .args(["-c", &format!("set -euo pipefail\n{block}")])
             .env("PATH", &path_var)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -158,5 +174,45 @@ fn etcd_runbook_a_coordinator_died() {
     assert_eq!(points_of(&alive, "docs"), 300);
     let moved = shoalctl(&alive, &["shard", "move", "docs/0", "--timeout", "60"]);
     assert!(moved.contains("done"), "the new controller carries out moves: {moved}");
+    dev.interrupt();
+}
+
+#[test]
+fn etcd_runbook_add_a_node() {
+    let Some(etcd) = test_etcd() else {
+        eprintln!("SKIPPED etcd_runbook_add_a_node: SHOAL_TEST_ETCD_ENDPOINT is not set");
+        return;
+    };
+    let dev = DevCluster::start(&etcd, 2, 1);
+    let endpoint = dev.endpoint();
+    shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "4"]);
+    ingest_job(&endpoint, 1..=8);
+    let cwd = tempfile::tempdir().unwrap();
+    let env = [
+        ("SHOAL_ENDPOINT", endpoint.clone()),
+        ("ETCD", etcd.clone()),
+        ("ETCD_PREFIX", dev.prefix.clone()),
+        ("NEW_NODE", "shard-9".to_owned()),
+        ("SHOAL_SHARD_SNAPSHOT__URL", dev.snapshots().display().to_string()),
+    ];
+    let ran = std::panic::catch_unwind(|| run_runbook_in("add-a-node.md", &env, cwd.path()));
+    // Whatever happened, the node it started goes.
+    if let Ok(pid) = std::fs::read_to_string(cwd.path().join("shard-9.pid")) {
+        let pid: i32 = pid.trim().parse().unwrap();
+        let (held, points) = match &ran {
+            Ok(()) => (shoalctl(&endpoint, &["status"]).matches("node shard-9 ").count(), points_of(&endpoint, "docs")),
+            Err(_) => (0, 0),
+        };
+        // SAFETY: the process the runbook started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        ran.unwrap();
+        // As it says: 4 shards over 3 nodes, none more than one apart (the
+        // new one took one or two); every point still there.
+        assert!(held >= 1, "the new node got shards");
+        assert_eq!(points, 800);
+    } else {
+        ran.unwrap();
+        panic!("the runbook wrote no pid file");
+    }
     dev.interrupt();
 }
