@@ -101,8 +101,10 @@ all_shards_up() {
   s=$("$ctl" --endpoint "$E0" status) || return 1
   grep -q "^collection" <<<"$s" && ! grep -q " DOWN " <<<"$s"
 }
-start_cluster() {
-  for i in 0 1 2 3; do start_node "$i"; done
+start_cluster() { # the four first nodes, and the fifth once it was added
+  for i in 0 1 2 3 4; do
+    if [[ $i -lt 4 || -d $data/shard-$i ]]; then start_node "$i"; fi
+  done
   for j in 0 1 2; do start_coordinator "$j"; done
 }
 load() { # load NAME ARGS...: mixed load from the pypi set, report in OUT/NAME.*
@@ -114,6 +116,7 @@ load() { # load NAME ARGS...: mixed load from the pypi set, report in OUT/NAME.*
 }
 
 log "starting etcd, 4 shard nodes and 3 coordinators"
+until_true 30 curl -sf "$ETCD/health"
 start_cluster
 until_true 30 nodes_up 4
 
@@ -135,7 +138,8 @@ load drain --collection pypi12 --create --shards 12 --preload 112000 --duration 
   --fault "80s:run:$data/add-node.sh" \
   --fault "85s:run:$ctl --endpoint $E1 rebalance"
 "$ctl" --endpoint "$E0" node list | tee -a "$out/summary.txt"
-kill -TERM "$(cat "$data/shard-4.pid")" 2>/dev/null || true
+pid_of[shard-4]=$(cat "$data/shard-4.pid")
+rm "$data/shard-4.pid"
 
 log "3. killing the controller under load"
 cat >"$data/kill-controller.sh" <<EOF
@@ -145,14 +149,13 @@ cat >"$data/kill-controller.sh" <<EOF
 set -euo pipefail
 controller() { "$ctl" --endpoint "\$1" status 2>/dev/null | sed -n 's/^control plane: .* controller \([^ ]*\) .*/\1/p'; }
 dead=\$(controller $E0)
-pid=\$(pgrep -f -- "--id \$dead ")
+pid=\$(pgrep -f -- "--id \$dead --listen")
 kill -9 "\$pid"
 t0=\$(date +%s.%N)
-for e in $E0 $E1 http://127.0.0.1:7802; do
-  [[ \$(controller \$e) == "\$dead" || -z \$(controller \$e) ]] && continue
-  survivor=\$e
-done
-until now=\$(controller \${survivor:-$E1}) && [[ -n \$now && \$now != "\$dead" ]]; do sleep 0.05; done
+# Ask a coordinator that is alive: coordinator-N listens on 7800 + N.
+n=\${dead#coordinator-}
+survivor=http://127.0.0.1:\$((7800 + (n + 1) % 3))
+until now=\$(controller \$survivor) && [[ -n \$now && \$now != "\$dead" ]]; do sleep 0.05; done
 echo "controller \$dead killed; \$now took over after \$(awk -v a=\$t0 -v b=\$(date +%s.%N) 'BEGIN { printf "%.2f", b - a }') s"
 EOF
 chmod +x "$data/kill-controller.sh"

@@ -44,3 +44,28 @@ impl ClusterConfig {
         Duration::from_millis(self.call_timeout_ms.max(1))
     }
 }
+
+/// The `--etcd` and `--etcd-prefix` flags of both binaries. They are
+/// nested keys of the configuration, which figment cannot merge from a
+/// flat flag struct, so they are applied after it.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdFlags {
+    /// etcd endpoints holding membership and placement (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// Key prefix of the cluster in etcd.
+    #[arg(long)]
+    pub etcd_prefix: Option<String>,
+}
+
+impl EtcdFlags {
+    /// Overrides what the file and the environment said with the flags given.
+    pub fn apply(&self, cfg: &mut ClusterConfig) {
+        if !self.etcd.is_empty() {
+            cfg.etcd = self.etcd.clone();
+        }
+        if let Some(p) = &self.etcd_prefix {
+            cfg.prefix = p.clone();
+        }
+    }
+}

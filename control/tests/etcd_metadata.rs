@@ -8,16 +8,15 @@
 //! its own random prefix, and every name contains `etcd`
 //! (`./ops/test.sh -p shoal-control etcd` runs just these).
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, GetOptions};
-use shoal_control::metadata::conformance::{self, StoreFactory, TTL};
+use shoal_control::metadata::conformance::{self, StoreFactory, TTL, view_where, within};
 use shoal_control::metadata::etcd::{EtcdOptions, EtcdStore};
-use shoal_control::metadata::{MetaError, MetadataStore, StoreHealth, View};
+use shoal_control::metadata::{MetaError, MetadataStore, StoreHealth};
 use shoal_proto::CollectionName;
 
 fn endpoint(test: &str) -> Option<String> {
@@ -34,24 +33,6 @@ fn prefix(test: &str) -> String {
 
 async fn raw_client(endpoint: &str) -> Client {
     Client::connect([endpoint], None).await.expect("connect a plain etcd client")
-}
-
-async fn within<T>(what: &str, limit: Duration, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| panic!("{what}: not within {limit:?}"))
-}
-
-async fn view_where(store: &dyn MetadataStore, what: &str, limit: Duration, ok: impl Fn(&View) -> bool) -> Arc<View> {
-    let mut views = store.watch();
-    within(what, limit, async {
-        loop {
-            let view = views.borrow_and_update().clone();
-            if ok(&view) {
-                return view;
-            }
-            views.changed().await.expect("the store stopped announcing views");
-        }
-    })
-    .await
 }
 
 /// Stores on one fresh prefix of the test etcd.

@@ -29,15 +29,11 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// etcd endpoints holding membership and placement (comma separated);
-    /// shard nodes then register there instead of being listed.
-    #[arg(long, value_delimiter = ',')]
+    /// With etcd, shard nodes register there and coordinators read
+    /// membership and placement from it.
+    #[command(flatten)]
     #[serde(skip)]
-    pub etcd: Vec<String>,
-    /// Key prefix of the cluster in etcd.
-    #[arg(long)]
-    #[serde(skip)]
-    pub etcd_prefix: Option<String>,
+    pub etcd: shoal_control::config::EtcdFlags,
 }
 
 fn parse_node(s: &str) -> Result<ShardNodeEntry, String> {
@@ -49,13 +45,7 @@ impl Cli {
     /// The configuration these flags, the file and the environment give.
     pub fn config(&self) -> anyhow::Result<CoordinatorConfig> {
         let mut cfg: CoordinatorConfig = shoal_server::config::load(self.config.as_deref(), "coordinator", "SHOAL_COORD_", self)?;
-        // Nested keys are not flags figment can merge from a flat struct.
-        if !self.etcd.is_empty() {
-            cfg.cluster.etcd = self.etcd.clone();
-        }
-        if let Some(p) = &self.etcd_prefix {
-            cfg.cluster.prefix = p.clone();
-        }
+        self.etcd.apply(&mut cfg.cluster);
         Ok(cfg)
     }
 }

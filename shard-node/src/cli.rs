@@ -29,27 +29,18 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advertise: Option<String>,
-    /// etcd endpoints of the cluster to register in (comma separated).
-    #[arg(long, value_delimiter = ',')]
+    /// With etcd, shard nodes register there and coordinators read
+    /// membership and placement from it.
+    #[command(flatten)]
     #[serde(skip)]
-    pub etcd: Vec<String>,
-    /// Key prefix of the cluster in etcd.
-    #[arg(long)]
-    #[serde(skip)]
-    pub etcd_prefix: Option<String>,
+    pub etcd: shoal_control::config::EtcdFlags,
 }
 
 impl Cli {
     /// The configuration these flags, the file and the environment give.
     pub fn config(&self) -> anyhow::Result<ShardNodeConfig> {
         let mut cfg: ShardNodeConfig = shoal_server::config::load(self.config.as_deref(), "shard_node", "SHOAL_SHARD_", self)?;
-        // Nested keys are not flags figment can merge from a flat struct.
-        if !self.etcd.is_empty() {
-            cfg.cluster.etcd = self.etcd.clone();
-        }
-        if let Some(p) = &self.etcd_prefix {
-            cfg.cluster.prefix = p.clone();
-        }
+        self.etcd.apply(&mut cfg.cluster);
         Ok(cfg)
     }
 }

@@ -96,7 +96,8 @@ fn member(id: &str, port: u16) -> Member {
     }
 }
 
-async fn within<T>(what: &str, limit: Duration, fut: impl Future<Output = T>) -> T {
+/// `fut`'s output; panics naming `what` if it takes longer than `limit`.
+pub async fn within<T>(what: &str, limit: Duration, fut: impl Future<Output = T>) -> T {
     match tokio::time::timeout(limit, fut).await {
         Ok(v) => v,
         Err(_) => panic!("{what}: not within {limit:?}"),
@@ -104,7 +105,7 @@ async fn within<T>(what: &str, limit: Duration, fut: impl Future<Output = T>) ->
 }
 
 /// Waits until `store`'s view satisfies `ok`.
-async fn view_where(store: &dyn MetadataStore, what: &str, limit: Duration, ok: impl Fn(&View) -> bool) -> Arc<View> {
+pub async fn view_where(store: &dyn MetadataStore, what: &str, limit: Duration, ok: impl Fn(&View) -> bool) -> Arc<View> {
     let mut views = store.watch();
     within(what, limit, async {
         loop {

@@ -87,3 +87,18 @@ pub(crate) fn batch(collection: &str, source: &str, offset: u64, points: Vec<v1:
 pub(crate) async fn points_in(client: &mut ShoalClient<Channel>, name: &str) -> u64 {
     client.describe_collection(v1::DescribeCollectionRequest { name: name.into() }).await.unwrap().into_inner().points
 }
+
+/// A shard node on loopback with its data (and snapshots) under `dir`,
+/// building on two threads.
+pub(crate) async fn shard_node(dir: &std::path::Path, id: &str) -> shoal_shard_node::RunningShardNode {
+    use shoal_shard_node::config::{EngineConfig, ShardNodeConfig, SnapshotConfig};
+    let cfg = ShardNodeConfig {
+        node_id: id.into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.join(id),
+        engine: EngineConfig { build_threads: 2, ..EngineConfig::default() },
+        snapshot: SnapshotConfig { url: dir.join("snapshots").to_string_lossy().into_owned(), ..SnapshotConfig::default() },
+        ..ShardNodeConfig::default()
+    };
+    shoal_shard_node::RunningShardNode::start(&cfg).await.unwrap()
+}

@@ -15,23 +15,14 @@ use shoal_coordinator::model::Member;
 use shoal_coordinator::pool::GrpcConnector;
 use shoal_proto::v1::shard_node_client::ShardNodeClient;
 use shoal_proto::{CollectionName, ErrorCode, NodeId, v1};
-use shoal_shard_node::RunningShardNode;
-use shoal_shard_node::config::{EngineConfig, ShardNodeConfig};
 
-use crate::common::{points, rng};
+use crate::common::{points, rng, shard_node};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_shard_refuses_stale_writes_and_the_coordinator_follows_the_new_placement() {
     let dir = tempfile::tempdir().unwrap();
     let mut rng = rng("fencing");
-    let cfg = ShardNodeConfig {
-        node_id: "n0".into(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.path().join("n0"),
-        engine: EngineConfig { build_threads: 2, ..EngineConfig::default() },
-        ..ShardNodeConfig::default()
-    };
-    let node = RunningShardNode::start(&cfg).await.unwrap();
+    let node = shard_node(dir.path(), "n0").await;
     let member = Member::configured(NodeId::parse("n0").unwrap(), format!("http://{}", node.addr));
     let store: Arc<dyn MetadataStore> = Arc::new(InMemoryStore::new(vec![member]));
     let connector = GrpcConnector { max_message_bytes: 64 << 20, peers: PeerSettings::default() };

@@ -14,24 +14,11 @@ use shoal_coordinator::metadata::{InMemoryStore, MetadataStore};
 use shoal_coordinator::pool::GrpcConnector;
 use shoal_proto::{ErrorCode, NodeId, v1};
 use shoal_shard_node::RunningShardNode;
-use shoal_shard_node::config::{EngineConfig, ShardNodeConfig, SnapshotConfig};
 use shoal_shard_node::registration::Presence;
 
-use crate::common::{points, rng};
+use crate::common::{points, rng, shard_node as node};
 
 const TTL: Duration = Duration::from_secs(1);
-
-async fn node(dir: &std::path::Path, id: &str) -> RunningShardNode {
-    let cfg = ShardNodeConfig {
-        node_id: id.into(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.join(id),
-        engine: EngineConfig { build_threads: 2, ..EngineConfig::default() },
-        snapshot: SnapshotConfig { url: dir.join("snapshots").to_string_lossy().into_owned(), ..SnapshotConfig::default() },
-        ..ShardNodeConfig::default()
-    };
-    RunningShardNode::start(&cfg).await.unwrap()
-}
 
 async fn join(store: &Arc<dyn MetadataStore>, n: &RunningShardNode, id: &str, dir: &std::path::Path) -> Presence {
     let id = NodeId::parse(id).unwrap();

@@ -39,6 +39,13 @@ fn run_runbook(name: &str, env: &[(&str, String)]) {
 /// Runs the runbook with `cwd` as its working directory (where the files
 /// it writes land).
 fn run_runbook_in(name: &str, env: &[(&str, String)], cwd: &Path) {
+    run_runbook_hooked(name, env, cwd, |_| {});
+}
+
+/// Runs the runbook, calling `before(i)` before its block `i` (from 0):
+/// where the test does what the runbook's prose says happens meanwhile,
+/// or checks what it promises.
+fn run_runbook_hooked(name: &str, env: &[(&str, String)], cwd: &Path, mut before: impl FnMut(usize)) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/runbooks").join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let blocks = shell_blocks(&text);
@@ -57,6 +64,7 @@ fn run_runbook_in(name: &str, env: &[(&str, String)], cwd: &Path) {
     }
     let path_var = format!("{}:{path_var}", wrappers.path().display());
     for (i, block) in blocks.iter().enumerate() {
+        before(i);
         let out = Command::new("bash")
             .current_dir(cwd)
             .args(["-c", &format!("set -euo pipefail\n{block}")])
@@ -101,11 +109,15 @@ async fn runbook_drain_a_node() {
 /// Streams batches `offsets` of source "job" into `docs` through
 /// `endpoint` (100 points each, ids from the offset); returns the acks.
 fn ingest_job(endpoint: &str, offsets: std::ops::RangeInclusive<u64>) -> Vec<v1::IngestAck> {
+    ingest_job_dim(endpoint, 8, offsets)
+}
+
+fn ingest_job_dim(endpoint: &str, dim: usize, offsets: std::ops::RangeInclusive<u64>) -> Vec<v1::IngestAck> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut client = shoal_proto::v1::shoal_client::ShoalClient::connect(endpoint.to_owned()).await.unwrap();
         let mut rng = rng("runbook ingest job");
-        let batches = offsets.map(|o| batch("docs", "job", o, points(&mut rng, 8, (o - 1) * 100..o * 100))).collect();
+        let batches = offsets.map(|o| batch("docs", "job", o, points(&mut rng, dim, (o - 1) * 100..o * 100))).collect();
         ingest(&mut client, batches).await.unwrap()
     })
 }
@@ -215,4 +227,78 @@ fn etcd_runbook_add_a_node() {
         panic!("the runbook wrote no pid file");
     }
     dev.interrupt();
+}
+
+/// Kills every process a runbook recorded in a `*.pid` file of `dir` when
+/// dropped (the test is over, or failed).
+struct PidFiles<'a>(&'a Path);
+
+impl Drop for PidFiles<'_> {
+    fn drop(&mut self) {
+        for entry in std::fs::read_dir(self.0).into_iter().flatten().flatten() {
+            if entry.path().extension().is_some_and(|e| e == "pid")
+                && let Ok(pid) = std::fs::read_to_string(entry.path()).unwrap_or_default().trim().parse::<i32>()
+            {
+                // SAFETY: a process the runbook started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+fn pid_in(dir: &Path, name: &str) -> i32 {
+    std::fs::read_to_string(dir.join(format!("{name}.pid"))).unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn etcd_runbooks_start_a_cluster_with_s3_then_etcd_is_down() {
+    if test_etcd().is_none() {
+        eprintln!("SKIPPED etcd_runbooks_start_a_cluster_with_s3_then_etcd_is_down: SHOAL_TEST_ETCD_ENDPOINT is not set");
+        return;
+    }
+    let cwd = tempfile::tempdir().unwrap();
+    let _stop = PidFiles(cwd.path());
+    let snapshot_url = match std::env::var("SHOAL_TEST_S3_ENDPOINT").ok().filter(|e| !e.is_empty()) {
+        Some(e) => {
+            let bucket = std::env::var("SHOAL_TEST_S3_BUCKET").unwrap_or_else(|_| "shoal-test".into());
+            let prefix = format!("runbook-{:016x}", rand::random::<u64>());
+            format!("s3://{bucket}/{prefix}?endpoint={e}&region=us-east-1&access_key_id=testing&secret_access_key=testing")
+        }
+        None => {
+            eprintln!("no SHOAL_TEST_S3_ENDPOINT (ops/test.sh sets it): snapshots go to a directory instead of S3");
+            format!("file://{}/snapshots", cwd.path().display())
+        }
+    };
+    let port = loop {
+        let p = crate::dev::free_port();
+        if p < 65000 && (1..4).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+            break p;
+        }
+    };
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let env = [
+        ("PORT", port.to_string()),
+        ("ETCD_PORT", crate::dev::free_port().to_string()),
+        ("ETCD_PEER_PORT", crate::dev::free_port().to_string()),
+        ("SNAPSHOT_URL", snapshot_url),
+        ("SHOAL_ENDPOINT", endpoint.clone()),
+    ];
+    run_runbook_in("start-a-cluster.md", &env, cwd.path());
+    ingest_job_dim(&endpoint, 384, 1..=3);
+    assert_eq!(points_of(&endpoint, "docs"), 300);
+
+    // etcd dies; the runbook for that follows. While it is down (before
+    // the block that brings it back), the cluster serves ingest and search.
+    // SAFETY: the etcd the runbook started.
+    unsafe { libc::kill(pid_in(cwd.path(), "etcd"), libc::SIGKILL) };
+    run_runbook_hooked("etcd-is-down.md", &env, cwd.path(), |i| {
+        if i == 1 {
+            let acks = ingest_job_dim(&endpoint, 384, 4..=5);
+            assert!(acks.iter().all(|a| a.status == v1::BatchStatus::Applied as i32), "ingest while etcd is down: {acks:?}");
+            assert_eq!(points_of(&endpoint, "docs"), 500, "search and describe while etcd is down");
+        }
+    });
+    assert_eq!(points_of(&endpoint, "docs"), 500);
+    let listed = shoalctl(&endpoint, &["snapshot", "list", "docs"]);
+    assert!(listed.lines().count() >= 2, "the snapshot is listed from the store: {listed}");
 }
