@@ -311,3 +311,80 @@ pub(crate) fn etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot() -> anyhow
         Ok(())
     })
 }
+
+/// The target of a move dies while the shard is copied to it: the move is
+/// rolled back (the source stays the owner and keeps taking writes), a
+/// caller waiting on it is told ABORTED, and nothing acknowledged is lost.
+pub(crate) fn etcd_a_move_whose_target_dies_is_rolled_back() -> anyhow::Result<()> {
+    let Some(endpoint) = std::env::var("SHOAL_TEST_ETCD_ENDPOINT").ok().filter(|e| !e.is_empty()) else {
+        eprintln!("SKIPPED etcd_a_move_whose_target_dies_is_rolled_back: SHOAL_TEST_ETCD_ENDPOINT is not set");
+        return Ok(());
+    };
+    let prefix = format!("/shoal-test/rollback-{:016x}", rand::random::<u64>());
+    let ttl_ms = TTL.as_millis().to_string();
+    let fx = Fixture::start(3, |spec| {
+        spec.etcd = Some((endpoint, prefix));
+        spec.node_env.push(("SHOAL_SHARD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms.clone()));
+        spec.coordinator_env.push(("SHOAL_COORD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms));
+    })?;
+    block_on(async {
+        let mut client = fx.client().await?;
+        let mut rng = rng("etcd_a_move_whose_target_dies_is_rolled_back");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !status(&mut client).await.is_ok_and(|s| s.nodes.len() == 3 && !controller(&s).is_empty()) {
+            check!(fx, Instant::now() < deadline, "no 3 nodes and a controller: {:?}", status(&mut client).await);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        create(&mut client, "docs", DIM as u32, 1).await?;
+        let seed = points(&mut rng, DIM, 0..SEED);
+        upsert_all(&mut client, "docs", seed.clone(), 1_000).await?;
+        let before = shard0(&status(&mut client).await?).expect("shard 0 of docs");
+        let target = fx.cluster.nodes.iter().find(|n| n.id != before.node).expect("another node");
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let (written, writer) = start_writer(client.clone(), Arc::clone(&stop));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        // A caller that waits for the move.
+        let mut waiter = client.clone();
+        let req = v1::MoveShardRequest { collection: "docs".into(), shard: 0, to_node: target.id.clone(), wait: true };
+        let waiting = tokio::spawn(async move { waiter.move_shard(req).await });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !log_of(&fx, &fx.cluster.coordinator.id).contains("shard move: copying") {
+            check!(fx, Instant::now() < deadline, "the controller did not start the move");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        target.kill()?;
+        check!(fx, !log_of(&fx, &fx.cluster.coordinator.id).contains("placement switched"), "the kill came after the switch");
+
+        let answer = tokio::time::timeout(Duration::from_secs(60), waiting).await??;
+        let err = answer.expect_err("the move cannot finish without its target");
+        eprintln!("the waiting caller got {:?}: {}", err.code(), err.message());
+        check!(fx, err.code() == tonic::Code::Aborted && err.message().contains("rolled back"), "{err:?}");
+        let after = shard0(&status(&mut client).await?).expect("shard 0 of docs");
+        check!(fx, after.node == before.node && after.moving.is_none() && after.available, "{before:?} -> {after:?}");
+
+        // The source kept (or took back) the writes.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, Ordering::Relaxed);
+        writer.await?;
+        let live = written.acked.lock().unwrap().clone();
+        let refused = written.refused.lock().unwrap().len();
+        eprintln!("writer: {} points acknowledged around the failed move, {refused} refusals (retried)", live.len());
+        let mut acked: BTreeMap<u64, Vec<f32>> = seed.into_iter().map(|p| (p.id, p.vector)).collect();
+        acked.extend(live);
+        let ids: Vec<u64> = acked.keys().copied().collect();
+        for chunk in ids.chunks(1_000) {
+            let got = client.get(v1::GetRequest { collection: "docs".into(), ids: chunk.to_vec(), with_vector: false }).await?;
+            check!(
+                fx,
+                got.get_ref().missing.is_empty(),
+                "acknowledged points lost: {:?}",
+                &got.get_ref().missing[..1.min(got.get_ref().missing.len())]
+            );
+        }
+        let described = client.describe_collection(v1::DescribeCollectionRequest { name: "docs".into() }).await?.into_inner();
+        check!(fx, described.points == acked.len() as u64, "{} points, {} acknowledged", described.points, acked.len());
+        Ok(())
+    })
+}
