@@ -65,6 +65,10 @@ fn main() -> ExitCode {
         trial("etcd_a_move_survives_the_death_of_its_controller", moves::etcd_a_move_survives_the_death_of_its_controller),
         trial("etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot", moves::etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot),
         trial("etcd_a_move_whose_target_dies_is_rolled_back", moves::etcd_a_move_whose_target_dies_is_rolled_back),
+        trial(
+            "etcd_a_move_whose_source_dies_is_rolled_back_and_recovered",
+            moves::etcd_a_move_whose_source_dies_is_rolled_back_and_recovered,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit_code()
 }

@@ -388,3 +388,67 @@ pub(crate) fn etcd_a_move_whose_target_dies_is_rolled_back() -> anyhow::Result<(
         Ok(())
     })
 }
+
+/// The source of a move dies while it is copied: the move is rolled back
+/// (ABORTED to the waiting caller) and the shard, whose node is gone, is
+/// recovered on another node from its last snapshot.
+pub(crate) fn etcd_a_move_whose_source_dies_is_rolled_back_and_recovered() -> anyhow::Result<()> {
+    let Some(endpoint) = std::env::var("SHOAL_TEST_ETCD_ENDPOINT").ok().filter(|e| !e.is_empty()) else {
+        eprintln!("SKIPPED etcd_a_move_whose_source_dies_is_rolled_back_and_recovered: SHOAL_TEST_ETCD_ENDPOINT is not set");
+        return Ok(());
+    };
+    let prefix = format!("/shoal-test/source-dies-{:016x}", rand::random::<u64>());
+    let ttl_ms = TTL.as_millis().to_string();
+    let fx = Fixture::start(3, |spec| {
+        spec.etcd = Some((endpoint, prefix));
+        spec.node_env.push(("SHOAL_SHARD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms.clone()));
+        spec.coordinator_env.push(("SHOAL_COORD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms));
+    })?;
+    block_on(async {
+        let mut client = fx.client().await?;
+        let mut rng = rng("etcd_a_move_whose_source_dies_is_rolled_back_and_recovered");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !status(&mut client).await.is_ok_and(|s| s.nodes.len() == 3 && !controller(&s).is_empty()) {
+            check!(fx, Instant::now() < deadline, "no 3 nodes and a controller: {:?}", status(&mut client).await);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        create(&mut client, "docs", DIM as u32, 1).await?;
+        upsert_all(&mut client, "docs", points(&mut rng, DIM, 0..SEED), 1_000).await?;
+        client.create_snapshot(v1::CreateSnapshotRequest { collection: "docs".into(), ..Default::default() }).await?;
+        let before = shard0(&status(&mut client).await?).expect("shard 0 of docs");
+        let source = fx.cluster.nodes.iter().find(|n| n.id == before.node).expect("the source");
+        let target = fx.cluster.nodes.iter().find(|n| n.id != before.node).expect("another node");
+
+        let mut waiter = client.clone();
+        let req = v1::MoveShardRequest { collection: "docs".into(), shard: 0, to_node: target.id.clone(), wait: true };
+        let waiting = tokio::spawn(async move { waiter.move_shard(req).await });
+        // Kill the source as soon as the controller starts copying from it.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !log_of(&fx, &fx.cluster.coordinator.id).contains("shard move: copying") {
+            check!(fx, Instant::now() < deadline, "the move never started");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        source.kill()?;
+        check!(fx, !log_of(&fx, &fx.cluster.coordinator.id).contains("placement switched"), "the kill came after the switch");
+        let err = tokio::time::timeout(Duration::from_secs(60), waiting).await??.expect_err("the move cannot finish without its source");
+        eprintln!("the waiting caller got {:?}: {}", err.code(), err.message());
+        check!(fx, err.code() == tonic::Code::Aborted, "{err:?}");
+
+        // Once the source's lease ends, the shard is recovered from its
+        // last snapshot.
+        let deadline = Instant::now() + TTL + Duration::from_secs(10);
+        while !status(&mut client).await.is_ok_and(|s| s.nodes.iter().all(|n| n.id != source.id)) {
+            check!(fx, Instant::now() < deadline, "{} stayed a member", source.id);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let r =
+            client.recover_shard(v1::RecoverShardRequest { collection: "docs".into(), shard: 0, ..Default::default() }).await?.into_inner();
+        let now = r.shard.unwrap_or_default();
+        eprintln!("recovered on {} from snapshot {} ({} points)", now.node, r.snapshot.map(|s| s.id).unwrap_or_default(), now.points);
+        check!(fx, now.node != source.id && now.points == SEED && now.moving.is_none(), "{now:?}");
+        let q = v1::SearchRequest { collection: "docs".into(), vector: vec![0.5; DIM], k: 10, ..Default::default() };
+        let hits = client.search(q).await?.into_inner();
+        check!(fx, hits.hits.len() == 10 && !hits.partial, "{hits:?}");
+        Ok(())
+    })
+}
