@@ -5,16 +5,18 @@
 //! change in the store, so a controller that dies at any point leaves a
 //! record the next one finishes (after the switch) or rolls back (before).
 //!
-//! One move at a time: a move's snapshot and restore are disk- and
+//! One copy at a time: a move's snapshot and restore are disk- and
 //! network-bound, and the write pause at its fence is shortest when
-//! nothing else competes.
+//! nothing else competes. The end of a switched move (a grace for
+//! searches, then dropping the old copy) runs beside the next copy.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_control::model::{MovePhase, ShardMove, ShardPlacement};
 use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::client::ShardClient;
@@ -48,21 +50,55 @@ enum Task {
 }
 
 /// The controller's loop; runs until dropped (leadership lost or the
-/// coordinator stops).
+/// coordinator stops). Copies run one at a time; the end of a switched
+/// move (the grace for searches, dropping the old copy, clearing the
+/// record) runs in the background so the next copy need not wait for it.
+/// Dropping the loop aborts those: the records stay `switched`, and the
+/// next controller finishes them.
 pub(crate) async fn lead(cluster: Arc<Cluster>) {
     let mut views = cluster.meta.watch();
     let mut failed: HashMap<(CollectionName, u32), Instant> = HashMap::new();
+    let mut finishing: JoinSet<((CollectionName, u32), Result<(), ShoalError>)> = JoinSet::new();
+    let mut finishing_keys: HashSet<(CollectionName, u32)> = HashSet::new();
     loop {
+        while let Some(done) = finishing.try_join_next() {
+            if let Ok((key, result)) = done {
+                finishing_keys.remove(&key);
+                if let Err(e) = result {
+                    tracing::warn!(collection = %key.0, shard = key.1, error = %e, "controller: finishing a shard move failed; retrying in {BACKOFF:?}");
+                    failed.insert(key, Instant::now() + BACKOFF);
+                }
+            }
+        }
         failed.retain(|_, until| *until > Instant::now());
         let view = views.borrow_and_update().clone();
-        let task = next_task(&view, |name, shard| failed.contains_key(&(name.clone(), shard)));
-        let Some(task) = task else {
-            // Nothing to do: wait for a change (or retry a backed-off one).
-            let _ = tokio::time::timeout(Duration::from_secs(1), views.changed()).await;
+        let skip = |name: &CollectionName, shard: u32| {
+            let key = (name.clone(), shard);
+            failed.contains_key(&key) || finishing_keys.contains(&key)
+        };
+        let Some(task) = next_task(&view, skip) else {
+            // Nothing to do: wait for a change, a finish, or a backed-off retry.
+            tokio::select! {
+                _ = views.changed() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
             continue;
         };
         let result = match &task {
-            Task::Move(name, shard) => cluster.carry_out(name, *shard).await,
+            Task::Move(name, shard) => match cluster.carry_out(name, *shard).await {
+                Ok(Some(switched)) => {
+                    let key = (name.clone(), *shard);
+                    finishing_keys.insert(key.clone());
+                    let cluster = Arc::clone(&cluster);
+                    finishing.spawn(async move {
+                        let r = cluster.finish_move(&key.0, key.1, &switched).await;
+                        (key, r)
+                    });
+                    Ok(())
+                }
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            },
             Task::Drain(name, shard) => cluster.record_move(name, *shard, None).await.map(|_| ()),
         };
         if let Err(e) = result {
@@ -116,12 +152,14 @@ struct Progress {
 
 impl Cluster {
     /// Carries out the move recorded for shard `shard` of `name`, from
-    /// wherever it stands.
-    async fn carry_out(&self, name: &CollectionName, shard: u32) -> Result<(), ShoalError> {
+    /// wherever it stands, up to the switch: returns the switched move,
+    /// whose end (`finish_move`) is left to the caller, or `None` if there
+    /// was nothing to carry out.
+    async fn carry_out(&self, name: &CollectionName, shard: u32) -> Result<Option<ShardMove>, ShoalError> {
         let c = self.collection(name.as_str())?;
-        let Some(m) = c.shards.get(shard as usize).and_then(|p| p.moving.clone()) else { return Ok(()) };
+        let Some(m) = c.shards.get(shard as usize).and_then(|p| p.moving.clone()) else { return Ok(None) };
         if m.phase == MovePhase::Switched {
-            return self.finish_move(name, shard, &m).await;
+            return Ok(Some(m));
         }
         let attempt = self.claim(name, shard, &m).await?;
         let started = std::time::Instant::now();
@@ -129,8 +167,7 @@ impl Cluster {
         match self.copy_and_switch(name, shard, &m, attempt).await {
             Ok(()) => {
                 tracing::info!(collection = %name, shard, from = %m.from, to = %m.to, ms = started.elapsed().as_millis() as u64, "shard move: switched");
-                let switched = ShardMove { phase: MovePhase::Switched, attempt, ..m };
-                self.finish_move(name, shard, &switched).await
+                Ok(Some(ShardMove { phase: MovePhase::Switched, attempt, ..m }))
             }
             Err(e) => {
                 self.roll_back(name, shard, &m, attempt, &e).await;
