@@ -16,7 +16,8 @@ pub(crate) struct DevCluster {
     pub(crate) coordinators: BTreeMap<String, String>,
     /// Data, logs and snapshots; removed when the harness goes.
     dir: tempfile::TempDir,
-    /// The etcd key prefix of this cluster.
+    /// The etcd it runs on, and the key prefix of this cluster.
+    pub(crate) etcd: String,
     pub(crate) prefix: String,
 }
 
@@ -82,13 +83,23 @@ impl DevCluster {
         // Keep reading what it prints (it says when it stops).
         std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| eprintln!("dev: {l}")));
         assert_eq!(pids.len(), nodes + coordinators, "every process printed: {pids:?}");
-        let c = DevCluster { child, pids, coordinators: urls, dir, prefix };
+        let c = DevCluster { child, pids, coordinators: urls, dir, etcd: etcd.to_owned(), prefix };
         let deadline = Instant::now() + Duration::from_secs(10);
         while shoalctl(&c.endpoint(), &["node", "list"]).matches(" up ").count() < nodes {
             assert!(Instant::now() < deadline, "{nodes} nodes did not register:\n{}", shoalctl(&c.endpoint(), &["node", "list"]));
             std::thread::sleep(Duration::from_millis(100));
         }
         c
+    }
+
+    /// [`DevCluster::start`] on the test etcd; `None` (and a printed
+    /// SKIPPED naming `test`) without one.
+    pub(crate) fn on_test_etcd(test: &str, nodes: usize, coordinators: usize) -> Option<DevCluster> {
+        let Some(etcd) = test_etcd() else {
+            eprintln!("SKIPPED {test}: SHOAL_TEST_ETCD_ENDPOINT is not set");
+            return None;
+        };
+        Some(DevCluster::start(&etcd, nodes, coordinators))
     }
 
     /// The snapshot store its nodes share.

@@ -2,15 +2,11 @@
 //! with the same `shoalctl` commands an operator uses; Ctrl-C stops them
 //! all.
 
-use crate::dev::{DevCluster, shoalctl, test_etcd};
+use crate::dev::{DevCluster, shoalctl};
 
 #[test]
 fn etcd_shoalctl_dev_runs_a_process_cluster_that_moves_shards() {
-    let Some(etcd) = test_etcd() else {
-        eprintln!("SKIPPED etcd_shoalctl_dev_runs_a_process_cluster_that_moves_shards: SHOAL_TEST_ETCD_ENDPOINT is not set");
-        return;
-    };
-    let dev = DevCluster::start(&etcd, 3, 1);
+    let Some(dev) = DevCluster::on_test_etcd("etcd_shoalctl_dev_runs_a_process_cluster_that_moves_shards", 3, 1) else { return };
     let endpoint = dev.endpoint();
     shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "3"]);
     let moved = shoalctl(&endpoint, &["shard", "move", "docs/0", "--timeout", "60"]);

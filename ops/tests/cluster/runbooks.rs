@@ -86,11 +86,7 @@ fn shell_blocks_are_found_in_order() {
 
 #[test]
 fn etcd_runbook_drain_a_node() {
-    let Some(etcd) = test_etcd() else {
-        eprintln!("SKIPPED etcd_runbook_drain_a_node: SHOAL_TEST_ETCD_ENDPOINT is not set");
-        return;
-    };
-    let dev = DevCluster::start(&etcd, 3, 1);
+    let Some(dev) = DevCluster::on_test_etcd("etcd_runbook_drain_a_node", 3, 1) else { return };
     let endpoint = dev.endpoint();
     shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "6"]);
     ingest_job(&endpoint, 1..=6);
@@ -145,11 +141,7 @@ fn points_of(endpoint: &str, name: &str) -> u64 {
 
 #[test]
 fn etcd_runbook_a_node_died() {
-    let Some(etcd) = test_etcd() else {
-        eprintln!("SKIPPED etcd_runbook_a_node_died: SHOAL_TEST_ETCD_ENDPOINT is not set");
-        return;
-    };
-    let dev = DevCluster::start(&etcd, 3, 1);
+    let Some(dev) = DevCluster::on_test_etcd("etcd_runbook_a_node_died", 3, 1) else { return };
     let endpoint = dev.endpoint();
     shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "3"]);
     ingest_job(&endpoint, 1..=5);
@@ -175,11 +167,7 @@ fn etcd_runbook_a_node_died() {
 
 #[test]
 fn etcd_runbook_a_coordinator_died() {
-    let Some(etcd) = test_etcd() else {
-        eprintln!("SKIPPED etcd_runbook_a_coordinator_died: SHOAL_TEST_ETCD_ENDPOINT is not set");
-        return;
-    };
-    let dev = DevCluster::start(&etcd, 2, 2);
+    let Some(dev) = DevCluster::on_test_etcd("etcd_runbook_a_coordinator_died", 2, 2) else { return };
     let first = dev.endpoint();
     shoalctl(&first, &["collections", "create", "docs", "--dimension", "8", "--shards", "2"]);
     ingest_job(&first, 1..=3);
@@ -204,18 +192,14 @@ fn etcd_runbook_a_coordinator_died() {
 
 #[test]
 fn etcd_runbook_add_a_node() {
-    let Some(etcd) = test_etcd() else {
-        eprintln!("SKIPPED etcd_runbook_add_a_node: SHOAL_TEST_ETCD_ENDPOINT is not set");
-        return;
-    };
-    let dev = DevCluster::start(&etcd, 2, 1);
+    let Some(dev) = DevCluster::on_test_etcd("etcd_runbook_add_a_node", 2, 1) else { return };
     let endpoint = dev.endpoint();
     shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "4"]);
     ingest_job(&endpoint, 1..=8);
     let cwd = tempfile::tempdir().unwrap();
     let env = [
         ("SHOAL_ENDPOINT", endpoint.clone()),
-        ("ETCD", etcd.clone()),
+        ("ETCD", dev.etcd.clone()),
         ("ETCD_PREFIX", dev.prefix.clone()),
         ("NEW_NODE", "shard-9".to_owned()),
         ("SHOAL_SHARD_SNAPSHOT__URL", dev.snapshots().display().to_string()),

@@ -33,6 +33,25 @@ impl Fixture {
         Ok(Fixture { cluster, dir })
     }
 
+    /// `nodes` shard nodes and `coordinators` coordinators on the test etcd
+    /// (`SHOAL_TEST_ETCD_ENDPOINT`), under a key prefix of their own, with
+    /// leases of `ttl`. `None` (and a printed SKIPPED) without an etcd.
+    pub(crate) fn on_etcd(test: &str, nodes: usize, coordinators: usize, ttl: Duration) -> anyhow::Result<Option<Fixture>> {
+        let Some(endpoint) = std::env::var("SHOAL_TEST_ETCD_ENDPOINT").ok().filter(|e| !e.is_empty()) else {
+            eprintln!("SKIPPED {test}: SHOAL_TEST_ETCD_ENDPOINT is not set");
+            return Ok(None);
+        };
+        let prefix = format!("/shoal-test/{test}-{:016x}", rand::random::<u64>());
+        let ttl_ms = ttl.as_millis().to_string();
+        let fx = Fixture::start(nodes, |spec| {
+            spec.etcd = Some((endpoint, prefix));
+            spec.coordinators = coordinators;
+            spec.node_env.push(("SHOAL_SHARD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms.clone()));
+            spec.coordinator_env.push(("SHOAL_COORD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms));
+        })?;
+        Ok(Some(fx))
+    }
+
     pub(crate) async fn client(&self) -> anyhow::Result<ShoalClient<Channel>> {
         Ok(ShoalClient::connect(self.cluster.endpoint()).await?.max_decoding_message_size(256 << 20))
     }

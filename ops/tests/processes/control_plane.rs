@@ -45,18 +45,7 @@ async fn until(
 }
 
 pub(crate) fn etcd_controller_and_node_deaths_are_noticed_within_a_lease() -> anyhow::Result<()> {
-    let Some(endpoint) = std::env::var("SHOAL_TEST_ETCD_ENDPOINT").ok().filter(|e| !e.is_empty()) else {
-        eprintln!("SKIPPED etcd_controller_and_node_deaths_are_noticed_within_a_lease: SHOAL_TEST_ETCD_ENDPOINT is not set");
-        return Ok(());
-    };
-    let prefix = format!("/shoal-test/control-plane-{:016x}", rand::random::<u64>());
-    let ttl_ms = TTL.as_millis().to_string();
-    let fx = Fixture::start(3, |spec| {
-        spec.etcd = Some((endpoint, prefix));
-        spec.coordinators = 2;
-        spec.node_env.push(("SHOAL_SHARD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms.clone()));
-        spec.coordinator_env.push(("SHOAL_COORD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms));
-    })?;
+    let Some(fx) = Fixture::on_etcd("etcd_controller_and_node_deaths_are_noticed_within_a_lease", 3, 2, TTL)? else { return Ok(()) };
     block_on(async {
         let mut first = fx.client().await?;
         let mut second = ShoalClient::connect(fx.cluster.more_coordinators[0].endpoint()).await?;

@@ -82,18 +82,7 @@ fn log_of(fx: &Fixture, id: &str) -> String {
 }
 
 pub(crate) fn etcd_a_move_survives_the_death_of_its_controller() -> anyhow::Result<()> {
-    let Some(endpoint) = std::env::var("SHOAL_TEST_ETCD_ENDPOINT").ok().filter(|e| !e.is_empty()) else {
-        eprintln!("SKIPPED etcd_a_move_survives_the_death_of_its_controller: SHOAL_TEST_ETCD_ENDPOINT is not set");
-        return Ok(());
-    };
-    let prefix = format!("/shoal-test/moves-{:016x}", rand::random::<u64>());
-    let ttl_ms = TTL.as_millis().to_string();
-    let fx = Fixture::start(3, |spec| {
-        spec.etcd = Some((endpoint, prefix));
-        spec.coordinators = 2;
-        spec.node_env.push(("SHOAL_SHARD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms.clone()));
-        spec.coordinator_env.push(("SHOAL_COORD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms));
-    })?;
+    let Some(fx) = Fixture::on_etcd("etcd_a_move_survives_the_death_of_its_controller", 3, 2, TTL)? else { return Ok(()) };
     block_on(async {
         let mut first = fx.client().await?;
         let mut second = ShoalClient::connect(fx.cluster.more_coordinators[0].endpoint()).await?;
@@ -230,17 +219,7 @@ async fn ingest_job(
 /// its last snapshot with one command, the ingest job resumes from the
 /// offsets the cluster now reports, and every point is back exactly once.
 pub(crate) fn etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot() -> anyhow::Result<()> {
-    let Some(endpoint) = std::env::var("SHOAL_TEST_ETCD_ENDPOINT").ok().filter(|e| !e.is_empty()) else {
-        eprintln!("SKIPPED etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot: SHOAL_TEST_ETCD_ENDPOINT is not set");
-        return Ok(());
-    };
-    let prefix = format!("/shoal-test/recover-{:016x}", rand::random::<u64>());
-    let ttl_ms = TTL.as_millis().to_string();
-    let fx = Fixture::start(3, |spec| {
-        spec.etcd = Some((endpoint, prefix));
-        spec.node_env.push(("SHOAL_SHARD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms.clone()));
-        spec.coordinator_env.push(("SHOAL_COORD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms));
-    })?;
+    let Some(fx) = Fixture::on_etcd("etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot", 3, 1, TTL)? else { return Ok(()) };
     block_on(async {
         let mut client = fx.client().await?;
         let mut rng = rng("etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot");
@@ -316,17 +295,7 @@ pub(crate) fn etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot() -> anyhow
 /// rolled back (the source stays the owner and keeps taking writes), a
 /// caller waiting on it is told ABORTED, and nothing acknowledged is lost.
 pub(crate) fn etcd_a_move_whose_target_dies_is_rolled_back() -> anyhow::Result<()> {
-    let Some(endpoint) = std::env::var("SHOAL_TEST_ETCD_ENDPOINT").ok().filter(|e| !e.is_empty()) else {
-        eprintln!("SKIPPED etcd_a_move_whose_target_dies_is_rolled_back: SHOAL_TEST_ETCD_ENDPOINT is not set");
-        return Ok(());
-    };
-    let prefix = format!("/shoal-test/rollback-{:016x}", rand::random::<u64>());
-    let ttl_ms = TTL.as_millis().to_string();
-    let fx = Fixture::start(3, |spec| {
-        spec.etcd = Some((endpoint, prefix));
-        spec.node_env.push(("SHOAL_SHARD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms.clone()));
-        spec.coordinator_env.push(("SHOAL_COORD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms));
-    })?;
+    let Some(fx) = Fixture::on_etcd("etcd_a_move_whose_target_dies_is_rolled_back", 3, 1, TTL)? else { return Ok(()) };
     block_on(async {
         let mut client = fx.client().await?;
         let mut rng = rng("etcd_a_move_whose_target_dies_is_rolled_back");
@@ -393,17 +362,7 @@ pub(crate) fn etcd_a_move_whose_target_dies_is_rolled_back() -> anyhow::Result<(
 /// (ABORTED to the waiting caller) and the shard, whose node is gone, is
 /// recovered on another node from its last snapshot.
 pub(crate) fn etcd_a_move_whose_source_dies_is_rolled_back_and_recovered() -> anyhow::Result<()> {
-    let Some(endpoint) = std::env::var("SHOAL_TEST_ETCD_ENDPOINT").ok().filter(|e| !e.is_empty()) else {
-        eprintln!("SKIPPED etcd_a_move_whose_source_dies_is_rolled_back_and_recovered: SHOAL_TEST_ETCD_ENDPOINT is not set");
-        return Ok(());
-    };
-    let prefix = format!("/shoal-test/source-dies-{:016x}", rand::random::<u64>());
-    let ttl_ms = TTL.as_millis().to_string();
-    let fx = Fixture::start(3, |spec| {
-        spec.etcd = Some((endpoint, prefix));
-        spec.node_env.push(("SHOAL_SHARD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms.clone()));
-        spec.coordinator_env.push(("SHOAL_COORD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms));
-    })?;
+    let Some(fx) = Fixture::on_etcd("etcd_a_move_whose_source_dies_is_rolled_back_and_recovered", 3, 1, TTL)? else { return Ok(()) };
     block_on(async {
         let mut client = fx.client().await?;
         let mut rng = rng("etcd_a_move_whose_source_dies_is_rolled_back_and_recovered");
