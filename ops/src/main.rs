@@ -117,7 +117,16 @@ fn main() -> anyhow::Result<()> {
     if let Some(ran) = shoal_ops::procs::run_role_if_asked() {
         return ran;
     }
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(Cli::parse()))
+    let cli = Cli::parse();
+    if !matches!(cli.command, Command::Demo(_) | Command::Dev { .. }) {
+        // A reader that stops early (`shoalctl status | grep -q X`, `| head`)
+        // ends this command quietly, as it would any Unix tool, instead of
+        // a panic on "failed printing to stdout". Not for the commands that
+        // run servers in this process.
+        // SAFETY: at the start of main, before any thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cli))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -3,6 +3,10 @@
 //! `set -euo pipefail`, against a live cluster, with `shoalctl` (this
 //! package's binary) on the PATH. A block that fails fails the test with
 //! its output.
+//!
+//! Under `pipefail`, `shoalctl status | grep -q X` fails when grep stops
+//! reading early and shoalctl dies of SIGPIPE, whether or not X was there:
+//! the runbooks write `grep X >/dev/null`, which reads to the end.
 
 use std::path::Path;
 use std::process::Command;
@@ -69,12 +73,31 @@ fn run_runbook_hooked(name: &str, env: &[(&str, String)], cwd: &Path, mut before
             .current_dir(cwd)
             .args(["-c", &format!("set -euo pipefail\n{block}")])
             .env("PATH", &path_var)
+            // An expected error of shoalctl is one line, not a backtrace;
+            // a panic still has one.
+            .env("RUST_LIB_BACKTRACE", "0")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .output()
             .expect("run bash");
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         eprintln!("{name} block {}:\n{block}---\n{stdout}{stderr}", i + 1);
+        if !out.status.success() {
+            print_log_tails(cwd);
+        }
         assert!(out.status.success(), "{name}: block {} failed ({}):\n{block}\nstdout:\n{stdout}\nstderr:\n{stderr}", i + 1, out.status);
+    }
+}
+
+/// The last lines of every `*.log` the runbook's processes wrote in `cwd`:
+/// what a failed block needs to be understood (the directory is gone after).
+fn print_log_tails(cwd: &Path) {
+    let Ok(entries) = std::fs::read_dir(cwd) else { return };
+    let mut logs: Vec<_> = entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")).collect();
+    logs.sort();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        eprintln!("--- last lines of {}:\n{}", log.display(), lines[lines.len().saturating_sub(40)..].join("\n"));
     }
 }
 
