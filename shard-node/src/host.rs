@@ -403,6 +403,27 @@ impl ShardHost {
         self.stats_of(&key, &shard).await
     }
 
+    pub async fn digest(&self, req: v1::DigestShardRequest) -> Result<v1::ShardDigest, ShoalError> {
+        let key = key_of(req.shard)?;
+        let index = Arc::clone(&self.get(&key)?.index);
+        blocking(move || {
+            // One snapshot for both, so the offsets are those of the
+            // points hashed.
+            let snap = index.snapshot().map_err(engine_error)?;
+            let digest = snap.digest().map_err(engine_error)?;
+            let offsets = snap.offsets().map_err(engine_error)?;
+            Ok(v1::ShardDigest {
+                shard: Some(v1::ShardId { collection: key.0.to_string(), shard: key.1 }),
+                points: digest.points,
+                digest: digest.hex(),
+                offsets: offsets.into_iter().map(|(source, offset)| v1::SourceOffset { source, offset }).collect(),
+                epoch: snap.epoch(),
+                last_seq: snap.last_seq(),
+            })
+        })
+        .await
+    }
+
     pub(crate) async fn stats_of(&self, key: &ShardKey, shard: &Shard) -> Result<v1::ShardStats, ShoalError> {
         let index = Arc::clone(&shard.index);
         let key = key.clone();

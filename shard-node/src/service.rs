@@ -77,6 +77,10 @@ impl ShardNode for ShardNodeService {
         Ok(Response::new(self.host.read_batch_log(r.into_inner()).await?))
     }
 
+    async fn digest_shard(&self, r: Request<v1::DigestShardRequest>) -> Result<Response<v1::ShardDigest>, Status> {
+        Ok(Response::new(self.host.digest(r.into_inner()).await?))
+    }
+
     async fn apply_log_entries(&self, r: Request<v1::ApplyLogEntriesRequest>) -> Result<Response<v1::ApplyLogEntriesResponse>, Status> {
         Ok(Response::new(self.host.apply_log_entries(r.into_inner()).await?))
     }

@@ -1224,6 +1224,13 @@ impl Snapshot<'_> {
         self.session.offsets(&self.index.store)
     }
 
+    /// A digest of every live point (id, vector, payload) as of this
+    /// snapshot: equal on two copies exactly when they hold the same
+    /// points. A full scan, for checks, never for the write path.
+    pub fn digest(&self) -> Result<crate::ContentDigest> {
+        self.session.digest(&self.index.store)
+    }
+
     /// Vectors that had to be copied because LMDB misaligned them. The
     /// layout is designed so this stays zero; tests check it.
     pub fn unaligned_vectors(&self) -> usize {

@@ -192,6 +192,11 @@ impl Session {
         offsets(store, &self.txn)
     }
 
+    /// The digest of every live point as of this session's commit.
+    pub(crate) fn digest(&self, store: &Store) -> Result<crate::ContentDigest> {
+        crate::digest::content_digest(store, &self.txn)
+    }
+
     /// Lists in the link log as of this session's commit.
     pub(crate) fn log_records(&self) -> u64 {
         self.log.records()

@@ -1,7 +1,8 @@
 //! The RPCs a shard move is built from, over loopback gRPC: epochs fence
 //! writes (CreateShard, ApplyBatch, FenceShard), and a copy restored from a
 //! snapshot on another node catches up from the source's batch log
-//! (ReadBatchLog, ApplyLogEntries).
+//! (ReadBatchLog, ApplyLogEntries), and the two copies then agree
+//! (DigestShard).
 
 use std::path::Path;
 
@@ -256,6 +257,22 @@ async fn a_restored_copy_catches_up_from_the_batch_log() {
     let (la, lb) = (ca.read_batch_log(pull(1, 0)).await.unwrap().into_inner(), cb.read_batch_log(pull(1, 0)).await.unwrap().into_inner());
     assert_eq!((lb.first_seq, lb.last_seq, lb.entries.len()), (1, 18, 18));
     assert_eq!(la.entries[..], lb.entries[..la.entries.len()]);
+
+    // The digest says so too, in one call per copy; and it sees the one
+    // point a copy has that the other lacks.
+    let digest = |c: &mut ShardNodeClient<Channel>| {
+        let mut c = c.clone();
+        async move { c.digest_shard(v1::DigestShardRequest { shard: shard(0) }).await.unwrap().into_inner() }
+    };
+    let (da, db) = (digest(&mut ca).await, digest(&mut cb).await);
+    assert_eq!((da.points, &da.digest, &da.offsets), (sa.points, &db.digest, &db.offsets));
+    assert_eq!(da.digest.len(), 64);
+    cb.apply_batch(batch(0, None, points(&mut rng, next..next + 1), vec![], 3)).await.unwrap();
+    let db = digest(&mut cb).await;
+    assert_eq!(db.points, da.points + 1);
+    assert_ne!(db.digest, da.digest);
+    let e = ca.digest_shard(v1::DigestShardRequest { shard: shard(7) }).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
