@@ -57,16 +57,80 @@ pub struct CollectionSpec {
     pub shard_count: u32,
 }
 
+/// What a copy of a shard may be used for (docs/replication.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReplicaState {
+    /// In sync: holds every acknowledged batch. Written to, read from, and
+    /// a write is acknowledged only once every active replica committed it.
+    Active,
+    /// Being seeded or caught up; joins the active ones in one conditional
+    /// change once it holds everything. Neither read nor counted for acks.
+    Recovering,
+    /// Left the in-sync set (a write to it failed or timed out, or its node
+    /// died): may lack acknowledged batches, so it is neither read nor
+    /// written until it has recovered.
+    Dead,
+}
+
+impl ReplicaState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaState::Active => "active",
+            ReplicaState::Recovering => "recovering",
+            ReplicaState::Dead => "dead",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ReplicaState> {
+        match s {
+            "active" => Some(ReplicaState::Active),
+            "recovering" => Some(ReplicaState::Recovering),
+            "dead" => Some(ReplicaState::Dead),
+            _ => None,
+        }
+    }
+}
+
+/// One copy of a shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replica {
+    pub node: NodeId,
+    pub state: ReplicaState,
+}
+
+impl Replica {
+    pub fn active(node: NodeId) -> Self {
+        Replica { node, state: ReplicaState::Active }
+    }
+}
+
+/// How many copies a collection keeps of each shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replication {
+    /// Full, searchable copies wanted of every shard, on distinct nodes.
+    pub factor: u32,
+    /// Below this many active replicas a write is refused (with a retry
+    /// hint) instead of acknowledged by fewer copies.
+    pub min_in_sync: u32,
+}
+
+impl Default for Replication {
+    fn default() -> Self {
+        Replication { factor: 1, min_in_sync: 1 }
+    }
+}
+
 /// Where one shard lives.
 ///
-/// `replicas` holds the nodes with a copy (one until replication lands);
-/// `epoch` counts ownership changes: every move bumps it in the same
-/// transaction that switches the replicas, and shard nodes refuse writes
-/// stamped with an older one, so a coordinator that has not yet seen a
-/// move cannot write to the copy that was moved away.
+/// `replicas` are the copies, on distinct nodes; at least one is always
+/// active (the last in-sync copy is never dropped: a write that would need
+/// to is refused instead). `epoch` counts ownership changes: every move
+/// bumps it in the same transaction that switches the replicas, and shard
+/// nodes refuse writes stamped with an older one, so a coordinator that
+/// has not yet seen a move cannot write to the copy that was moved away.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardPlacement {
-    pub replicas: Vec<NodeId>,
+    pub replicas: Vec<Replica>,
     pub epoch: u64,
     /// A move of this shard under way, recorded before any copy is made so
     /// that whichever controller comes next finishes or undoes it.
@@ -114,23 +178,54 @@ pub struct ShardMove {
 
 impl ShardPlacement {
     pub fn on(node: NodeId) -> Self {
-        ShardPlacement { replicas: vec![node], epoch: 1, moving: None }
+        Self::at(node, 1)
     }
 
     /// A shard at `epoch` on `node`, not moving.
     pub fn at(node: NodeId, epoch: u64) -> Self {
-        ShardPlacement { replicas: vec![node], epoch, moving: None }
+        Self::on_all(vec![node], epoch)
     }
 
-    /// The node that takes this shard's reads and writes.
+    /// A shard at `epoch` with an active replica on each of `nodes`.
+    pub fn on_all(nodes: Vec<NodeId>, epoch: u64) -> Self {
+        ShardPlacement { replicas: nodes.into_iter().map(Replica::active).collect(), epoch, moving: None }
+    }
+
+    /// The first active replica's node: where single-copy work goes (a
+    /// move's source, a snapshot).
     pub fn node(&self) -> &NodeId {
-        // Placement always names at least one replica: `Collection::check`
-        // refuses one that does not, and every constructor gives one.
-        &self.replicas[0]
+        // `Collection::check` refuses a placement without an active
+        // replica, and every constructor makes one.
+        &self.in_sync().next().unwrap_or(&self.replicas[0]).node
     }
 
+    /// The replicas that hold every acknowledged batch.
+    pub fn in_sync(&self) -> impl Iterator<Item = &Replica> {
+        self.replicas.iter().filter(|r| r.state == ReplicaState::Active)
+    }
+
+    /// The nodes of the active replicas.
+    pub fn in_sync_nodes(&self) -> impl Iterator<Item = &NodeId> {
+        self.in_sync().map(|r| &r.node)
+    }
+
+    /// True if `node` has a copy, in whatever state.
     pub fn holds(&self, node: &NodeId) -> bool {
-        self.replicas.contains(node)
+        self.replica(node).is_some()
+    }
+
+    pub fn replica(&self, node: &NodeId) -> Option<&Replica> {
+        self.replicas.iter().find(|r| &r.node == node)
+    }
+
+    /// True if replica `j`'s node also has one of the replicas before it.
+    fn holds_before(&self, j: usize) -> bool {
+        self.replicas[..j].iter().any(|r| r.node == self.replicas[j].node)
+    }
+
+    /// The nodes with a copy, in whatever state.
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeId> {
+        self.replicas.iter().map(|r| &r.node)
     }
 }
 
@@ -139,6 +234,7 @@ impl ShardPlacement {
 pub struct Collection {
     pub name: CollectionName,
     pub spec: CollectionSpec,
+    pub replication: Replication,
     /// Shard i at index i.
     pub shards: Vec<ShardPlacement>,
 }
@@ -154,17 +250,26 @@ impl Collection {
     }
 
     /// The invariants every stored collection keeps: one placement per
-    /// shard, each naming at least one node, no node twice.
+    /// shard, each naming at least one node, no node twice, at least one
+    /// active replica; a replication factor of at least one, and a minimum
+    /// of in-sync replicas between one and the factor.
     pub fn check(&self) -> Result<(), String> {
         if self.spec.shard_count == 0 || self.shards.len() != self.spec.shard_count as usize {
             return Err(format!("{} placements for {} shards", self.shards.len(), self.spec.shard_count));
+        }
+        let Replication { factor, min_in_sync } = self.replication;
+        if factor == 0 || min_in_sync == 0 || min_in_sync > factor {
+            return Err(format!("replication factor {factor} with a minimum of {min_in_sync} in sync"));
         }
         for (i, s) in self.shards.iter().enumerate() {
             if s.replicas.is_empty() {
                 return Err(format!("shard {i} is placed on no node"));
             }
-            if (1..s.replicas.len()).any(|j| s.replicas[..j].contains(&s.replicas[j])) {
+            if (1..s.replicas.len()).any(|j| s.holds_before(j)) {
                 return Err(format!("shard {i} names a node twice"));
+            }
+            if s.in_sync().next().is_none() {
+                return Err(format!("shard {i} has no active replica"));
             }
             if s.epoch == 0 {
                 return Err(format!("shard {i} has epoch 0"));

@@ -213,7 +213,7 @@ async fn etcd_unreachable_keeps_the_view_and_recovers() {
     let bound = call_timeout + Duration::from_millis(500);
     let moved = {
         let mut c = docs.clone();
-        c.shards[1].replicas = vec![shoal_proto::NodeId::parse("n2").unwrap()];
+        c.shards[1].replicas = vec![shoal_control::model::Replica::active(shoal_proto::NodeId::parse("n2").unwrap())];
         c.shards[1].epoch += 1;
         c
     };

@@ -196,7 +196,10 @@ impl Cluster {
             };
             // The epoch the shard is at: a write stamped lower would be refused.
             let shards = (0..count).map(|i| ShardPlacement::at(shards[&i].0.clone(), shards[&i].1)).collect();
-            match self.meta.create_collection(Collection { name: name.clone(), spec, shards }).await {
+            // Adopted shards are one copy each: a node lists what it holds,
+            // not which other nodes hold copies of it.
+            let c = Collection { name: name.clone(), spec, replication: Default::default(), shards };
+            match self.meta.create_collection(c).await {
                 Ok(_) | Err(MetaError::AlreadyExists(_)) => {}
                 Err(e) => tracing::warn!(collection = %name, error = %e, "could not record a collection found on the nodes"),
             }
@@ -232,7 +235,12 @@ impl Cluster {
         if let Some(e) = placement.iter().find_map(|n| self.pool.liveness().check(n).err()) {
             return Err(e.context(format!("creating collection {name}: nothing was created")));
         }
-        let c = Collection { name: name.clone(), spec, shards: placement.into_iter().map(ShardPlacement::on).collect() };
+        let c = Collection {
+            name: name.clone(),
+            spec,
+            replication: Default::default(),
+            shards: placement.into_iter().map(ShardPlacement::on).collect(),
+        };
         let wire_spec = v1::ShardSpec::from(spec);
         let created = join_all((0..shard_count).map(|i| {
             let c = &c;

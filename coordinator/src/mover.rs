@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shoal_control::model::{MovePhase, ShardMove, ShardPlacement};
+use shoal_control::model::{MovePhase, Replica, ShardMove, ShardPlacement};
 use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -256,7 +256,11 @@ impl Cluster {
                 return Err(aborted(name, shard, "another controller took the move over"));
             }
             let moving = Some(ShardMove { phase: MovePhase::Switched, attempt, ..m.clone() });
-            Ok(Some(ShardPlacement { replicas: vec![m.to.clone()], epoch, moving }))
+            // The moved copy takes the source's place; other replicas stay.
+            let mut replicas = p.replicas.clone();
+            replicas.retain(|r| r.node != m.from && r.node != m.to);
+            replicas.insert(0, Replica::active(m.to.clone()));
+            Ok(Some(ShardPlacement { replicas, epoch, moving }))
         })
         .await?;
         tracing::info!(
@@ -405,7 +409,8 @@ mod tests {
         let name = CollectionName::parse("docs").unwrap();
         let spec = CollectionSpec { dimension: 2, metric: Metric::Dot, index: Default::default(), shard_count: shards.len() as u32 };
         let mut v = View::default();
-        v.collections.insert(name.clone(), Versioned { value: Collection { name, spec, shards }, revision: 1 });
+        v.collections
+            .insert(name.clone(), Versioned { value: Collection { name, spec, replication: Default::default(), shards }, revision: 1 });
         v.draining = draining.iter().map(|n| node(n)).collect();
         v
     }

@@ -190,7 +190,7 @@ impl Cluster {
                 // Each shard at the epoch its snapshot carries (writes
                 // stamped lower would be refused).
                 let shards = placement.into_iter().zip(&restored_stats).map(|(node, s)| ShardPlacement::at(node, s.epoch.max(1))).collect();
-                let c = Collection { name: name.clone(), spec, shards };
+                let c = Collection { name: name.clone(), spec, replication: Default::default(), shards };
                 match self.meta.create_collection(c).await {
                     Ok(_) | Err(MetaError::AlreadyExists(_)) => {}
                     Err(e) => return Err(ShoalError::from(e).context(format!("restored {name}, but could not record it"))),

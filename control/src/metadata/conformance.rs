@@ -75,6 +75,7 @@ pub fn collection(n: &str, nodes: &[&str]) -> Collection {
     Collection {
         name: name(n),
         spec: CollectionSpec { dimension: 8, metric: Metric::Cosine, index: Default::default(), shard_count: nodes.len() as u32 },
+        replication: Default::default(),
         shards: nodes.iter().map(|id| ShardPlacement::on(node(id))).collect(),
     }
 }
@@ -206,8 +207,14 @@ pub async fn invalid_collections_are_refused(f: &impl StoreFactory) {
     epoch0.shards[0].epoch = 0;
     assert!(matches!(s.update_collection(epoch0, r1).await, Err(MetaError::Invalid(_))));
     let mut twice = docs.clone();
-    twice.shards[0].replicas = vec![node("n0"), node("n0")];
+    twice.shards[0] = ShardPlacement::on_all(vec![node("n0"), node("n0")], 1);
     assert!(matches!(s.update_collection(twice, r1).await, Err(MetaError::Invalid(_))));
+    let mut none_in_sync = docs.clone();
+    none_in_sync.shards[0].replicas[0].state = crate::model::ReplicaState::Dead;
+    assert!(matches!(s.update_collection(none_in_sync, r1).await, Err(MetaError::Invalid(_))));
+    let mut unreachable_minimum = docs.clone();
+    unreachable_minimum.replication = crate::model::Replication { factor: 2, min_in_sync: 3 };
+    assert!(matches!(s.update_collection(unreachable_minimum, r1).await, Err(MetaError::Invalid(_))));
 
     let view = s.sync().await.expect("sync");
     assert!(view.collection(&name("short")).is_none() && view.collection(&name("empty")).is_none());

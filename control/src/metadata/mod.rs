@@ -32,7 +32,7 @@ use tokio::sync::watch;
 
 pub use crate::model::{Collection, Member};
 pub use memory::InMemoryStore;
-pub use placement::{PlannedMove, place, rebalance};
+pub use placement::{PlannedMove, place, place_replicas, rebalance};
 
 /// A point in the store's history: every change makes a higher one. For
 /// etcd, its revision numbers (`mod_revision` of a key).

@@ -6,12 +6,40 @@ use serde::{Deserialize, Serialize};
 use shoal_proto::{CollectionName, NodeId};
 
 use crate::metadata::MetaError;
-use crate::model::{Capacity, Collection, CollectionSpec, IndexParams, Member, Metric, MovePhase, NodeState, ShardMove, ShardPlacement};
+use crate::model::{
+    Capacity, Collection, CollectionSpec, IndexParams, Member, Metric, MovePhase, NodeState, Replica, ReplicaState, Replication, ShardMove,
+    ShardPlacement,
+};
 
 #[derive(Serialize, Deserialize)]
 struct CollectionRecord {
     spec: SpecRecord,
+    /// Absent in values written before replication: one copy.
+    #[serde(default)]
+    replication: ReplicationRecord,
     shards: Vec<ShardRecord>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ReplicationRecord {
+    factor: u32,
+    min_in_sync: u32,
+}
+
+impl Default for ReplicationRecord {
+    fn default() -> Self {
+        let r = Replication::default();
+        ReplicationRecord { factor: r.factor, min_in_sync: r.min_in_sync }
+    }
+}
+
+/// An active replica is stored as its node's name alone (as every replica
+/// was before replicas had states); any other as node and state.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum ReplicaRecord {
+    Active(String),
+    Other { node: String, state: String },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -25,7 +53,7 @@ struct SpecRecord {
 
 #[derive(Serialize, Deserialize)]
 struct ShardRecord {
-    replicas: Vec<String>,
+    replicas: Vec<ReplicaRecord>,
     epoch: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     moving: Option<MoveRecord>,
@@ -75,11 +103,19 @@ pub(super) fn encode_collection(c: &Collection) -> Result<Vec<u8>, MetaError> {
             ef_construction: c.spec.index.ef_construction,
             shard_count: c.spec.shard_count,
         },
+        replication: ReplicationRecord { factor: c.replication.factor, min_in_sync: c.replication.min_in_sync },
         shards: c
             .shards
             .iter()
             .map(|s| ShardRecord {
-                replicas: s.replicas.iter().map(|n| n.as_str().to_owned()).collect(),
+                replicas: s
+                    .replicas
+                    .iter()
+                    .map(|r| match r.state {
+                        ReplicaState::Active => ReplicaRecord::Active(r.node.as_str().to_owned()),
+                        other => ReplicaRecord::Other { node: r.node.as_str().to_owned(), state: other.as_str().to_owned() },
+                    })
+                    .collect(),
                 epoch: s.epoch,
                 moving: s.moving.as_ref().map(|m| MoveRecord {
                     from: m.from.as_str().to_owned(),
@@ -98,12 +134,19 @@ pub(super) fn decode_collection(key: &str, name: CollectionName, bytes: &[u8]) -
     let metric = Metric::parse(&r.spec.metric).map_err(|e| corrupt(key, e.message))?;
     let mut shards = Vec::with_capacity(r.shards.len());
     for (i, s) in r.shards.into_iter().enumerate() {
-        let replicas = s
-            .replicas
-            .iter()
-            .map(|n| NodeId::parse(n))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| corrupt(key, format!("shard {i}: {e}")))?;
+        let mut replicas = Vec::with_capacity(s.replicas.len());
+        for r in &s.replicas {
+            let (node, state) = match r {
+                ReplicaRecord::Active(node) => (node, ReplicaState::Active),
+                ReplicaRecord::Other { node, state } => {
+                    let state = ReplicaState::parse(state)
+                        .ok_or_else(|| corrupt(key, format!("shard {i}: replica state {state:?} is not a known one")))?;
+                    (node, state)
+                }
+            };
+            let node = NodeId::parse(node).map_err(|e| corrupt(key, format!("shard {i}: {e}")))?;
+            replicas.push(Replica { node, state });
+        }
         let moving = match s.moving {
             None => None,
             Some(m) => {
@@ -121,7 +164,8 @@ pub(super) fn decode_collection(key: &str, name: CollectionName, bytes: &[u8]) -
         index: IndexParams { m: r.spec.m, ef_construction: r.spec.ef_construction },
         shard_count: r.spec.shard_count,
     };
-    let c = Collection { name, spec, shards };
+    let replication = Replication { factor: r.replication.factor, min_in_sync: r.replication.min_in_sync };
+    let c = Collection { name, spec, replication, shards };
     c.check().map_err(|e| corrupt(key, e))?;
     Ok(c)
 }
@@ -166,26 +210,40 @@ mod tests {
 
     fn collection() -> impl Strategy<Value = Collection> {
         let metric = prop_oneof![Just(Metric::Cosine), Just(Metric::Dot), Just(Metric::Euclidean)];
-        let shard = (proptest::collection::btree_set("[a-z0-9/_.-]{1,12}", 1..4), 1..u64::MAX, any::<Option<(bool, u64)>>()).prop_map(
-            |(nodes, epoch, moving)| {
-                let replicas: Vec<NodeId> = nodes.iter().map(|n| NodeId::parse(n).unwrap()).collect();
+        let states = [ReplicaState::Active, ReplicaState::Recovering, ReplicaState::Dead];
+        let shard = (
+            proptest::collection::btree_set("[a-z0-9/_.-]{1,12}", 1..4),
+            proptest::collection::vec(0..3usize, 3),
+            1..u64::MAX,
+            any::<Option<(bool, u64)>>(),
+        )
+            .prop_map(move |(nodes, state_of, epoch, moving)| {
+                // The first replica is active: a placement always has one.
+                let replicas: Vec<Replica> = nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| Replica {
+                        node: NodeId::parse(n).unwrap(),
+                        state: if i == 0 { ReplicaState::Active } else { states[state_of[i]] },
+                    })
+                    .collect();
                 let moving = moving.map(|(switched, attempt)| {
                     let (phase, from, to) = match switched {
-                        false => (MovePhase::Copying, replicas[0].clone(), NodeId::parse("elsewhere!").unwrap()),
-                        true => (MovePhase::Switched, NodeId::parse("elsewhere!").unwrap(), replicas[0].clone()),
+                        false => (MovePhase::Copying, replicas[0].node.clone(), NodeId::parse("elsewhere!").unwrap()),
+                        true => (MovePhase::Switched, NodeId::parse("elsewhere!").unwrap(), replicas[0].node.clone()),
                     };
                     ShardMove { from, to, phase, attempt }
                 });
                 ShardPlacement { replicas, epoch, moving }
-            },
-        );
-        ("[a-z0-9][a-z0-9_-]{0,20}", 1..4096u32, metric, any::<(u32, u32)>(), proptest::collection::vec(shard, 1..20)).prop_map(
-            |(name, dimension, metric, (m, ef_construction), shards)| Collection {
+            });
+        let replication = (1..5u32).prop_flat_map(|factor| (Just(factor), 1..=factor));
+        ("[a-z0-9][a-z0-9_-]{0,20}", 1..4096u32, metric, any::<(u32, u32)>(), replication, proptest::collection::vec(shard, 1..20))
+            .prop_map(|(name, dimension, metric, (m, ef_construction), (factor, min_in_sync), shards)| Collection {
                 name: CollectionName::parse(&name).unwrap(),
                 spec: CollectionSpec { dimension, metric, index: IndexParams { m, ef_construction }, shard_count: shards.len() as u32 },
+                replication: Replication { factor, min_in_sync },
                 shards,
-            },
-        )
+            })
     }
 
     proptest! {
@@ -212,10 +270,15 @@ mod tests {
         // 20-digit epochs take about 150 bytes a shard.
         let node = |i: usize| NodeId::parse(&format!("shard-node-{i:022}")).unwrap();
         let shards: Vec<ShardPlacement> = (0..4096)
-            .map(|i| ShardPlacement { replicas: vec![node(i), node(i + 1), node(i + 2)], epoch: u64::MAX, moving: None })
+            .map(|i| {
+                let mut p = ShardPlacement::on_all(vec![node(i), node(i + 1), node(i + 2)], u64::MAX);
+                p.replicas[2].state = ReplicaState::Recovering;
+                p
+            })
             .collect();
         let spec = CollectionSpec { dimension: 1536, metric: Metric::Cosine, index: IndexParams::default(), shard_count: 4096 };
-        let c = Collection { name: CollectionName::parse("docs").unwrap(), spec, shards };
+        let replication = Replication { factor: 3, min_in_sync: 2 };
+        let c = Collection { name: CollectionName::parse("docs").unwrap(), spec, replication, shards };
         let size = encode_collection(&c).unwrap().len();
         assert!(size < 1 << 20, "{size} bytes");
     }
@@ -238,8 +301,21 @@ mod tests {
             err(r#"{"spec":{"dimension":2,"metric":"manhattan","m":0,"ef_construction":0,"shard_count":1},"shards":[]}"#.as_bytes())
                 .contains("manhattan")
         );
+        assert!(
+            err(format!(r#"{{{spec},"shards":[{{"replicas":[{{"node":"n0","state":"zombie"}}],"epoch":1}}]}}"#).as_bytes())
+                .contains("zombie")
+        );
+        assert!(
+            err(format!(r#"{{{spec},"shards":[{{"replicas":[{{"node":"n0","state":"dead"}}],"epoch":1}}]}}"#).as_bytes())
+                .contains("no active replica")
+        );
+        let bad_factor = format!(r#"{{{spec},"replication":{{"factor":1,"min_in_sync":2}},"shards":[{{"replicas":["n0"],"epoch":1}}]}}"#);
+        assert!(err(bad_factor.as_bytes()).contains("replication factor 1 with a minimum of 2"));
+        // A value written before replicas had states: one active copy.
         let good = format!(r#"{{{spec},"shards":[{{"replicas":["n0"],"epoch":1}}]}}"#);
-        assert_eq!(decode_collection("k", name(), good.as_bytes()).unwrap().node_of(0).as_str(), "n0");
+        let c = decode_collection("k", name(), good.as_bytes()).unwrap();
+        assert_eq!((c.node_of(0).as_str(), c.replication), ("n0", Replication::default()));
+        assert_eq!(c.shards[0].replicas, [Replica::active(NodeId::parse("n0").unwrap())]);
         assert!(matches!(
             decode_member("k", NodeId::parse("n0").unwrap(), br#"{"address":"a","state":"asleep","disk_free_bytes":0,"shards":0}"#),
             Err(MetaError::Corrupt { .. })

@@ -171,6 +171,7 @@ mod tests {
         Collection {
             name: CollectionName::parse(name).unwrap(),
             spec: CollectionSpec { dimension: 4, metric: Metric::Dot, index: Default::default(), shard_count: 1 },
+            replication: Default::default(),
             shards: vec![ShardPlacement::on(NodeId::parse(node).unwrap())],
         }
     }
