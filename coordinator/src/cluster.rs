@@ -17,6 +17,7 @@ use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
 use tracing::Instrument;
 
 use crate::client::{PeerSettings, ShardClient};
+use crate::error::{Error, Result};
 use crate::merge::merge_top_k;
 use crate::pool::{Connector, ShardPool};
 use crate::routing::{Part, group_ids, split};
@@ -69,7 +70,7 @@ pub(crate) enum Until {
 /// What came back from a scatter.
 pub(crate) struct Gathered<T> {
     pub(crate) answers: Vec<(u32, T)>,
-    pub(crate) failures: Vec<(u32, NodeId, ShoalError)>,
+    pub(crate) failures: Vec<(u32, NodeId, Error)>,
 }
 
 /// The cluster as one coordinator sees it.
@@ -84,13 +85,6 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.follower.abort();
     }
-}
-
-pub(crate) fn retry_hint(mut e: ShoalError) -> ShoalError {
-    if e.code == ErrorCode::Unavailable && e.retry_after.is_none() {
-        e.retry_after = Some(Duration::from_secs(1));
-    }
-    e
 }
 
 /// The time a call may take: the operation's own bound, or less if the
@@ -113,7 +107,7 @@ impl Cluster {
         &self.opts
     }
 
-    pub(crate) fn client(&self, node: &NodeId) -> Result<ShardClient, ShoalError> {
+    pub(crate) fn client(&self, node: &NodeId) -> Result<ShardClient> {
         self.pool.get(node).or_else(|e| {
             // The view may be newer than the pool (its follower runs as a
             // task): a member the caller just saw must not look absent.
@@ -127,24 +121,25 @@ impl Cluster {
     }
 
     /// Runs `call` against `node`, unless the node is marked down; ends it
-    /// early if the node is marked down meanwhile.
-    pub(crate) async fn on_node<T>(&self, node: &NodeId, call: impl Future<Output = Result<T, ShoalError>>) -> Result<T, ShoalError> {
+    /// early if the node is marked down meanwhile. The call's failure
+    /// becomes an `Error::Remote`, keeping the node's code and hint.
+    pub(crate) async fn on_node<T>(&self, node: &NodeId, call: impl Future<Output = Result<T, ShoalError>>) -> Result<T> {
         let liveness = self.pool.liveness();
         liveness.check(node)?;
         tokio::select! {
-            r = call => r,
+            r = call => Ok(r?),
             e = liveness.down(node) => Err(e),
         }
     }
 
-    pub(crate) fn collection(&self, name: &str) -> Result<Collection, ShoalError> {
+    pub(crate) fn collection(&self, name: &str) -> Result<Collection> {
         self.versioned(name).map(|v| v.value)
     }
 
     /// The collection as last seen, with the revision to base a change on.
-    pub(crate) fn versioned(&self, name: &str) -> Result<Versioned<Collection>, ShoalError> {
+    pub(crate) fn versioned(&self, name: &str) -> Result<Versioned<Collection>> {
         let name = CollectionName::parse(name)?;
-        self.meta.view().collection(&name).cloned().ok_or_else(|| ShoalError::not_found(format!("collection {name} does not exist")))
+        self.meta.view().collection(&name).cloned().ok_or(Error::CollectionNotFound(name))
     }
 
     pub(crate) fn shard_id(c: &Collection, shard: u32) -> Option<v1::ShardId> {
@@ -154,12 +149,12 @@ impl Cluster {
     /// Learns the collections from the shards the nodes hold. Returns the
     /// nodes that could not be asked (their shards are unknown until a
     /// later call).
-    pub async fn discover(&self) -> Vec<(NodeId, ShoalError)> {
+    pub async fn discover(&self) -> Vec<(NodeId, Error)> {
         let view = self.meta.view();
         let members: Vec<&shoal_control::model::Member> = view.members.values().collect();
         let replies = join_all(members.iter().map(|m| async move {
             let c = self.client(&m.id)?;
-            c.list_shards(v1::ListShardsRequest {}, Duration::from_secs(5)).await
+            Ok::<_, Error>(c.list_shards(v1::ListShardsRequest {}, Duration::from_secs(5)).await?)
         }))
         .await;
         // Per collection: its spec, and each shard's node and epoch.
@@ -207,29 +202,30 @@ impl Cluster {
         failed
     }
 
-    pub async fn create_collection(&self, req: v1::CreateCollectionRequest) -> Result<v1::CollectionInfo, ShoalError> {
+    pub async fn create_collection(&self, req: v1::CreateCollectionRequest) -> Result<v1::CollectionInfo> {
         let v1::CreateCollectionRequest { name, dimension, metric, shard_count, index } = req;
         let name = CollectionName::parse(&name)?;
         if dimension == 0 || dimension > 65_536 {
-            return Err(ShoalError::invalid(format!("dimension must be 1 to 65536, got {dimension}")));
+            return Err(Error::Invalid(format!("dimension must be 1 to 65536, got {dimension}")));
         }
-        let metric = Metric::try_from(metric)?;
+        // The conversion's error is the request's, not a shard node's.
+        let metric = Metric::try_from(metric).map_err(|e| Error::Invalid(e.message))?;
         let shard_count = if shard_count == 0 { self.opts.default_shards } else { shard_count };
         let max_shards = self.opts.limits.max_shards_per_collection;
         if shard_count > max_shards {
-            return Err(ShoalError::exhausted(format!(
+            return Err(Error::TooLarge(format!(
                 "a collection may have at most {max_shards} shards (coordinator.limits.max_shards_per_collection), \
                  {shard_count} were asked for"
             )));
         }
         let view = self.meta.view();
         if view.collection(&name).is_some() {
-            return Err(ShoalError::already_exists(format!("collection {name} already exists")));
+            return Err(Error::CollectionExists(name));
         }
         let spec = CollectionSpec { dimension, metric, index: IndexParams::from(index), shard_count };
         let placement = place(shard_count, view.placeable(), view.collections.values().map(|v| &v.value));
         if placement.len() < shard_count as usize {
-            return Err(ShoalError::unavailable("the cluster has no shard node that takes new shards", Duration::from_secs(5)));
+            return Err(Error::NoCapacity);
         }
         // All or nothing: a node known to be down would fail its part.
         if let Some(e) = placement.iter().find_map(|n| self.pool.liveness().check(n).err()) {
@@ -254,12 +250,12 @@ impl Cluster {
         .await;
         if let Some((i, Err(e))) = created.iter().enumerate().find(|(_, r)| r.is_err()) {
             self.undo_create(&c, (0..shard_count).filter(|&j| created[j as usize].is_ok())).await;
-            return Err(retry_hint(e.clone().context(format!("creating shard {i} on node {}", c.node_of(i as u32)))));
+            return Err(e.clone().context(format!("creating shard {i} on node {}", c.node_of(i as u32))));
         }
         // Recorded last: a collection in the store always has its shards.
         if let Err(e) = self.meta.create_collection(c.clone()).await {
             self.undo_create(&c, 0..shard_count).await;
-            return Err(ShoalError::from(e).context(format!("creating collection {name}: nothing was created")));
+            return Err(Error::from(e).context(format!("creating collection {name}: nothing was created")));
         }
         Ok(info(&c, Vec::new()))
     }
@@ -277,7 +273,7 @@ impl Cluster {
         .await;
     }
 
-    pub async fn drop_collection(&self, name: &str) -> Result<(), ShoalError> {
+    pub async fn drop_collection(&self, name: &str) -> Result<()> {
         let Versioned { value: c, revision } = self.versioned(name)?;
         let results = join_all((0..c.shard_count()).map(|i| {
             let c = &c;
@@ -286,14 +282,14 @@ impl Cluster {
                 let client = self.client(node)?;
                 let req = v1::DropShardRequest { shard: Self::shard_id(c, i) };
                 match self.on_node(node, client.drop_shard(req, ADMIN_TIMEOUT)).await {
-                    Err(e) if e.code == ErrorCode::NotFound => Ok(()),
+                    Err(e) if e.code() == ErrorCode::NotFound => Ok(()),
                     other => other.map(|_| ()),
                 }
             }
         }))
         .await;
         if let Some(e) = results.into_iter().find_map(Result::err) {
-            return Err(retry_hint(e.context(format!("dropping collection {}", c.name))));
+            return Err(e.context(format!("dropping collection {}", c.name)));
         }
         // A copy a move was making (or leaving) is in no placement: drop it
         // too, or it would outlive its collection on that node's disk.
@@ -303,7 +299,7 @@ impl Cluster {
             if let Ok(client) = self.client(other) {
                 let req = v1::DropShardRequest { shard: Self::shard_id(&c, i as u32) };
                 if let Err(e) = self.on_node(other, client.drop_shard(req, ADMIN_TIMEOUT)).await
-                    && e.code != ErrorCode::NotFound
+                    && e.code() != ErrorCode::NotFound
                 {
                     tracing::warn!(collection = %c.name, shard = i, node = %other, error = %e, "could not drop a moving shard's other copy");
                 }
@@ -311,7 +307,7 @@ impl Cluster {
         }
         match self.meta.delete_collection(c.name.clone(), revision).await {
             Ok(()) | Err(MetaError::NotFound(_)) => Ok(()),
-            Err(e) => Err(ShoalError::from(e).context(format!("dropped the shards of {}, but not the collection", c.name))),
+            Err(e) => Err(Error::from(e).context(format!("dropped the shards of {}, but not the collection", c.name))),
         }
     }
 
@@ -320,7 +316,7 @@ impl Cluster {
     }
 
     /// A collection with the live state of each shard.
-    pub async fn describe(&self, name: &str, caller: Option<Duration>) -> Result<v1::CollectionInfo, ShoalError> {
+    pub async fn describe(&self, name: &str, caller: Option<Duration>) -> Result<v1::CollectionInfo> {
         let c = self.collection(name)?;
         let stats = self.shard_stats(&c, bounded(self.opts.status_timeout, caller)).await;
         Ok(info(&c, stats))
@@ -417,14 +413,14 @@ impl Cluster {
         deletes: Vec<u64>,
         source: Option<v1::SourceOffset>,
         caller: Option<Duration>,
-    ) -> Result<Written, ShoalError> {
+    ) -> Result<Written> {
         let c = self.collection(collection)?;
         tracing::info_span!("validate", points = points.len(), deletes = deletes.len()).in_scope(|| {
             validate::write(&points, &deletes, &c.spec, &self.opts.limits)?;
             if let Some(s) = &source {
                 validate::source(s, &self.opts.limits)?;
             }
-            Ok::<_, ShoalError>(())
+            Ok::<_, Error>(())
         })?;
         let parts = tracing::info_span!("split", shards = c.shard_count()).in_scope(|| split(points, deletes, c.shard_count()));
         let targets: Vec<(u32, Part)> =
@@ -499,7 +495,7 @@ impl Cluster {
         mut placement: ShardPlacement,
         mut req: v1::ApplyBatchRequest,
         deadline: tokio::time::Instant,
-    ) -> Result<v1::ApplyBatchResponse, ShoalError> {
+    ) -> Result<v1::ApplyBatchResponse> {
         loop {
             let node = placement.node().clone();
             let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -508,18 +504,15 @@ impl Cluster {
                 Ok(a) => return Ok(a),
                 Err(e) => e,
             };
-            if e.code != ErrorCode::FailedPrecondition {
-                return Err(retry_hint(e).context(format!("shard {shard} on node {node}")));
+            if e.code() != ErrorCode::FailedPrecondition {
+                return Err(e.context(format!("shard {shard} on node {node}")));
             }
             tracing::info!(%collection, shard, %node, epoch = placement.epoch, "shard refused a write with an older epoch; waiting for its new placement");
-            placement = self.newer_placement(collection, shard, placement.epoch, deadline).await.map_err(|_| {
-                ShoalError::unavailable(
-                    format!(
-                        "shard {shard} of {collection} is moving (node {node} was fenced past epoch {}): nothing was written to it",
-                        placement.epoch
-                    ),
-                    Duration::from_millis(500),
-                )
+            placement = self.newer_placement(collection, shard, placement.epoch, deadline).await.map_err(|_| Error::ShardMoving {
+                collection: collection.clone(),
+                shard,
+                node: node.clone(),
+                epoch: placement.epoch,
             })?;
             req.epoch = placement.epoch;
         }
@@ -553,9 +546,9 @@ impl Cluster {
         }
     }
 
-    pub async fn ingest(&self, req: v1::IngestRequest, caller: Option<Duration>) -> Result<v1::IngestAck, ShoalError> {
+    pub async fn ingest(&self, req: v1::IngestRequest, caller: Option<Duration>) -> Result<v1::IngestAck> {
         let v1::IngestRequest { collection, source, offset, points, deletes } = req;
-        let at = |e: ShoalError| e.context(format!("batch {source}@{offset}"));
+        let at = |e: Error| e.context(format!("batch {source}@{offset}"));
         let w = self
             .write(&collection, points, deletes, Some(v1::SourceOffset { source: source.clone(), offset }), caller)
             .await
@@ -572,7 +565,7 @@ impl Cluster {
 
     /// Where each source stands: the lowest offset over the shards (a source
     /// some shard has not seen is not reported: the job starts it over).
-    pub async fn offsets(&self, req: v1::GetOffsetsRequest, caller: Option<Duration>) -> Result<v1::GetOffsetsResponse, ShoalError> {
+    pub async fn offsets(&self, req: v1::GetOffsetsRequest, caller: Option<Duration>) -> Result<v1::GetOffsetsResponse> {
         let c = self.collection(&req.collection)?;
         let g = self
             .scatter(&c, bounded(Duration::from_secs(10), caller), |client, shard, timeout| async move {
@@ -580,7 +573,7 @@ impl Cluster {
             })
             .await;
         if let Some((i, node, e)) = g.failures.into_iter().next() {
-            return Err(retry_hint(e.context(format!("reading offsets of shard {i} on node {node}"))));
+            return Err(e.context(format!("reading offsets of shard {i} on node {node}")));
         }
         let mut per_source: BTreeMap<String, (u64, u32)> = BTreeMap::new();
         for (_, stats) in &g.answers {
@@ -598,11 +591,11 @@ impl Cluster {
         Ok(v1::GetOffsetsResponse { offsets })
     }
 
-    pub async fn get(&self, req: v1::GetRequest, caller: Option<Duration>) -> Result<v1::GetResponse, ShoalError> {
+    pub async fn get(&self, req: v1::GetRequest, caller: Option<Duration>) -> Result<v1::GetResponse> {
         let v1::GetRequest { collection, ids, with_vector } = req;
         let c = self.collection(&collection)?;
         if ids.len() > self.opts.limits.max_get_ids {
-            return Err(ShoalError::invalid(format!("{} ids, more than the limit of {}", ids.len(), self.opts.limits.max_get_ids)));
+            return Err(Error::Invalid(format!("{} ids, more than the limit of {}", ids.len(), self.opts.limits.max_get_ids)));
         }
         let timeout = bounded(self.opts.search_timeout, caller);
         let groups = group_ids(&ids, c.shard_count());
@@ -611,9 +604,7 @@ impl Cluster {
             let req = v1::GetPointsRequest { shard: Self::shard_id(&c, shard), ids, with_vector };
             async move {
                 let client = self.client(&node)?;
-                self.on_node(&node, client.get_points(req, timeout))
-                    .await
-                    .map_err(|e| retry_hint(e).context(format!("shard {shard} on node {node}")))
+                self.on_node(&node, client.get_points(req, timeout)).await.map_err(|e| e.context(format!("shard {shard} on node {node}")))
             }
         });
         let mut found = HashMap::new();
@@ -635,11 +626,11 @@ impl Cluster {
     }
 
     /// Scatter-gather search for one or more query vectors.
-    pub async fn search_many(&self, q: SearchQuery, caller: Option<Duration>) -> Result<SearchOutcome, ShoalError> {
+    pub async fn search_many(&self, q: SearchQuery, caller: Option<Duration>) -> Result<SearchOutcome> {
         let c = self.collection(&q.collection)?;
         let limits = &self.opts.limits;
         if q.queries.is_empty() || q.queries.len() > limits.max_queries {
-            return Err(ShoalError::invalid(format!("a search takes 1 to {} query vectors, got {}", limits.max_queries, q.queries.len())));
+            return Err(Error::Invalid(format!("a search takes 1 to {} query vectors, got {}", limits.max_queries, q.queries.len())));
         }
         for (i, v) in q.queries.iter().enumerate() {
             vector_check(v, &c, i, q.queries.len())?;
@@ -733,8 +724,8 @@ impl Cluster {
 /// mistake on any shard (a bad request, an answer over a limit) is the
 /// caller's to fix and is never hidden behind partial results; shards that
 /// could not answer fail the search unless partial results are allowed.
-fn search_failure(failures: &[(u32, NodeId, ShoalError)], total: u32, allow_partial: bool) -> Option<ShoalError> {
-    let caller_error = |e: &ShoalError| matches!(e.code, ErrorCode::InvalidArgument | ErrorCode::ResourceExhausted | ErrorCode::NotFound);
+fn search_failure(failures: &[(u32, NodeId, Error)], total: u32, allow_partial: bool) -> Option<Error> {
+    let caller_error = |e: &Error| matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::ResourceExhausted | ErrorCode::NotFound);
     if let Some((i, node, e)) = failures.iter().find(|f| caller_error(&f.2)) {
         return Some(e.clone().context(format!("shard {i} on node {node}")));
     }
@@ -742,23 +733,17 @@ fn search_failure(failures: &[(u32, NodeId, ShoalError)], total: u32, allow_part
     if allow_partial {
         return None;
     }
-    let code =
-        if failures.iter().all(|f| f.2.code == ErrorCode::DeadlineExceeded) { ErrorCode::DeadlineExceeded } else { ErrorCode::Unavailable };
-    let mut err = ShoalError::new(
-        code,
-        format!(
-            "{} of {total} shards did not answer (first: shard {i} on node {node}: {}); set allow_partial to get what the others found",
-            failures.len(),
-            e.message
-        ),
-    );
-    if code == ErrorCode::Unavailable {
-        err.retry_after = Some(e.retry_after.unwrap_or(Duration::from_secs(1)));
-    }
-    Some(err)
+    Some(Error::ShardsUnanswered {
+        failed: failures.len(),
+        total,
+        shard: *i,
+        node: node.clone(),
+        first: Box::new(e.clone()),
+        all_late: failures.iter().all(|f| f.2.code() == ErrorCode::DeadlineExceeded),
+    })
 }
 
-fn vector_check(v: &[f32], c: &Collection, i: usize, n: usize) -> Result<(), ShoalError> {
+fn vector_check(v: &[f32], c: &Collection, i: usize, n: usize) -> Result<()> {
     if n == 1 { validate::vector(v, &c.spec, "query") } else { validate::vector(v, &c.spec, format_args!("query {i}")) }
 }
 
@@ -802,20 +787,24 @@ mod tests {
 
     #[test]
     fn a_caller_error_on_one_shard_is_never_hidden_or_made_retryable() {
-        let too_big = ShoalError::exhausted("the answer outgrew the message limit");
-        let gone = ShoalError::unavailable("connection lost", Duration::from_millis(300));
+        let too_big = Error::Remote(ShoalError::exhausted("the answer outgrew the message limit"));
+        let gone = Error::Remote(ShoalError::unavailable("connection lost", Duration::from_millis(300)));
         let failures = vec![(1, node("b"), gone.clone()), (2, node("c"), too_big)];
         for allow_partial in [false, true] {
             let e = search_failure(&failures, 3, allow_partial).unwrap();
-            assert_eq!(e.code, ErrorCode::ResourceExhausted, "{e:?}");
-            assert_eq!(e.retry_after, None);
-            assert!(e.message.contains("shard 2 on node c"), "{}", e.message);
+            assert_eq!(e.code(), ErrorCode::ResourceExhausted, "{e:?}");
+            assert_eq!(e.retry_after(), None);
+            assert!(e.to_string().contains("shard 2 on node c"), "{e}");
         }
         let e = search_failure(&[(1, node("b"), gone.clone())], 3, false).unwrap();
-        assert_eq!((e.code, e.retry_after), (ErrorCode::Unavailable, Some(Duration::from_millis(300))));
+        assert_eq!((e.code(), e.retry_after()), (ErrorCode::Unavailable, Some(Duration::from_millis(300))));
+        assert_eq!(
+            e.to_string(),
+            "1 of 3 shards did not answer (first: shard 1 on node b: connection lost); set allow_partial to get what the others found"
+        );
         assert!(search_failure(&[(1, node("b"), gone)], 3, true).is_none());
-        let late = ShoalError::deadline("no answer within 2s");
-        assert_eq!(search_failure(&[(0, node("a"), late)], 3, false).unwrap().code, ErrorCode::DeadlineExceeded);
+        let late = Error::Remote(ShoalError::deadline("no answer within 2s"));
+        assert_eq!(search_failure(&[(0, node("a"), late)], 3, false).unwrap().code(), ErrorCode::DeadlineExceeded);
         assert!(search_failure(&[], 3, false).is_none());
     }
 

@@ -7,6 +7,7 @@ pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod controller;
+pub mod error;
 pub mod liveness;
 pub mod merge;
 mod mover;
@@ -21,6 +22,7 @@ pub mod validate;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use config::CoordinatorConfig;
+pub use error::Error;
 pub use server::RunningCoordinator;
 /// The control plane's model and store, where the coordinator has always
 /// had them.

@@ -13,10 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
-use shoal_proto::{NodeId, ShoalError};
+use shoal_proto::NodeId;
 use tokio::sync::watch;
 
 use crate::client::ShardClient;
+use crate::error::{Error, Result};
 
 /// What the last probe of a node found.
 #[derive(Clone, Debug)]
@@ -78,23 +79,23 @@ impl Liveness {
     }
 
     /// UNAVAILABLE if the node is marked down.
-    pub fn check(&self, node: &NodeId) -> Result<(), ShoalError> {
+    pub fn check(&self, node: &NodeId) -> Result<()> {
         let h = self.health(node);
         if h.up {
             return Ok(());
         }
-        Err(ShoalError::unavailable(
-            format!("node {node} is down: its health check failed ({}), {:.1} s ago", h.reason, h.since.elapsed().as_secs_f64()),
-            Duration::from_secs(1),
-        ))
+        Err(Error::NodeUnavailable {
+            node: node.clone(),
+            reason: format!("is down: its health check failed ({}), {:.1} s ago", h.reason, h.since.elapsed().as_secs_f64()),
+        })
     }
 
     /// Resolves once the node is marked down (never, for an unknown node).
-    pub async fn down(&self, node: &NodeId) -> ShoalError {
+    pub async fn down(&self, node: &NodeId) -> Error {
         let rx = self.nodes.read().get(node).map(watch::Sender::subscribe);
         let Some(mut rx) = rx else { return std::future::pending().await };
         let _ = rx.wait_for(|h| !h.up).await;
-        self.check(node).err().unwrap_or_else(|| ShoalError::unavailable(format!("node {node} went down"), Duration::from_secs(1)))
+        self.check(node).err().unwrap_or_else(|| Error::NodeUnavailable { node: node.clone(), reason: "went down".into() })
     }
 
     fn set(&self, node: &NodeId, up: bool, reason: String) {

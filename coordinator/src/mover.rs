@@ -15,12 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_control::model::{MovePhase, Replica, ShardMove, ShardPlacement};
-use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
+use shoal_proto::{CollectionName, ErrorCode, NodeId, v1};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::client::ShardClient;
 use crate::cluster::Cluster;
+use crate::error::{Error, Result};
 use crate::moves::holdings;
 
 /// A snapshot, a restore or a catch-up step of a large shard may take long.
@@ -58,7 +59,7 @@ enum Task {
 pub(crate) async fn lead(cluster: Arc<Cluster>) {
     let mut views = cluster.meta.watch();
     let mut failed: HashMap<(CollectionName, u32), Instant> = HashMap::new();
-    let mut finishing: JoinSet<((CollectionName, u32), Result<(), ShoalError>)> = JoinSet::new();
+    let mut finishing: JoinSet<((CollectionName, u32), Result<()>)> = JoinSet::new();
     let mut finishing_keys: HashSet<(CollectionName, u32)> = HashSet::new();
     loop {
         while let Some(done) = finishing.try_join_next() {
@@ -155,7 +156,7 @@ impl Cluster {
     /// wherever it stands, up to the switch: returns the switched move,
     /// whose end (`finish_move`) is left to the caller, or `None` if there
     /// was nothing to carry out.
-    async fn carry_out(&self, name: &CollectionName, shard: u32) -> Result<Option<ShardMove>, ShoalError> {
+    async fn carry_out(&self, name: &CollectionName, shard: u32) -> Result<Option<ShardMove>> {
         let c = self.collection(name.as_str())?;
         let Some(m) = c.shards.get(shard as usize).and_then(|p| p.moving.clone()) else { return Ok(None) };
         if m.phase == MovePhase::Switched {
@@ -180,7 +181,7 @@ impl Cluster {
     /// controller still working on the move then cannot switch it), and
     /// raises the placement's epoch to the source's if an earlier attempt
     /// fenced the source and died before switching, so writes flow again.
-    async fn claim(&self, name: &CollectionName, shard: u32, m: &ShardMove) -> Result<u64, ShoalError> {
+    async fn claim(&self, name: &CollectionName, shard: u32, m: &ShardMove) -> Result<u64> {
         let source_epoch = self.shard_stats_on(&m.from, name, shard).await?.epoch;
         let attempt = m.attempt + 1;
         self.change_shard(name, shard, |p, _| {
@@ -199,7 +200,7 @@ impl Cluster {
     /// Seeds the target from a snapshot, catches it up from the source's
     /// batch log, fences the source, catches up the rest and switches the
     /// placement.
-    async fn copy_and_switch(&self, name: &CollectionName, shard: u32, m: &ShardMove, attempt: u64) -> Result<(), ShoalError> {
+    async fn copy_and_switch(&self, name: &CollectionName, shard: u32, m: &ShardMove, attempt: u64) -> Result<()> {
         let id = Some(v1::ShardId { collection: name.to_string(), shard });
         let (from, to) = (self.client(&m.from)?, self.client(&m.to)?);
 
@@ -210,7 +211,7 @@ impl Cluster {
             .map_err(|e| e.context(format!("snapshot of shard {shard} of {name} on {}", m.from)))?;
         let restore = v1::RestoreShardRequest { shard: id.clone(), snapshot_id: snap.id.clone(), replace: true };
         let restored = self.on_node(&m.to, to.restore_shard(restore, STEP_TIMEOUT)).await.map_err(|e| {
-            let hint = if e.code == ErrorCode::NotFound {
+            let hint = if e.code() == ErrorCode::NotFound {
                 " (a move needs the source and the target to share a snapshot store: [shard_node.snapshot] url)"
             } else {
                 ""
@@ -241,7 +242,7 @@ impl Cluster {
             .map_err(|e| e.context(format!("fencing shard {shard} of {name} on {}", m.from)))?;
         let at = self.catch_up(&m.from, &from, &m.to, &to, &id, at.target, None).await?;
         if at.target != at.source {
-            return Err(ShoalError::internal(format!(
+            return Err(Error::Internal(format!(
                 "shard {shard} of {name}: the target is at batch {} after the final catch-up, the fenced source at {}",
                 at.target, at.source
             )));
@@ -284,7 +285,7 @@ impl Cluster {
         id: &Option<v1::ShardId>,
         mut target: u64,
         messages: Option<usize>,
-    ) -> Result<Progress, ShoalError> {
+    ) -> Result<Progress> {
         let mut read = 0usize;
         loop {
             let req = v1::ReadBatchLogRequest { shard: id.clone(), from_seq: target + 1, max_bytes: 0 };
@@ -312,13 +313,13 @@ impl Cluster {
 
     /// After the switch: the source's copy is dropped once searches that
     /// started before the switch had time to end, and the record goes.
-    async fn finish_move(&self, name: &CollectionName, shard: u32, m: &ShardMove) -> Result<(), ShoalError> {
+    async fn finish_move(&self, name: &CollectionName, shard: u32, m: &ShardMove) -> Result<()> {
         tokio::time::sleep(self.options().search_timeout + Duration::from_secs(1)).await;
         let id = Some(v1::ShardId { collection: name.to_string(), shard });
         match self.client(&m.from) {
             Ok(from) => match self.on_node(&m.from, from.drop_shard(v1::DropShardRequest { shard: id }, STEP_TIMEOUT)).await {
                 Ok(_) => {}
-                Err(e) if e.code == ErrorCode::NotFound => {}
+                Err(e) if e.code() == ErrorCode::NotFound => {}
                 Err(e) => {
                     // The copy is fenced and no placement names it: it
                     // takes disk, nothing else. Leaving it must not keep
@@ -344,7 +345,7 @@ impl Cluster {
 
     /// Before the switch, undoes a move: drops what was copied to the
     /// target and leaves the source the owner, at its (maybe fenced) epoch.
-    async fn roll_back(&self, name: &CollectionName, shard: u32, m: &ShardMove, attempt: u64, why: &ShoalError) {
+    async fn roll_back(&self, name: &CollectionName, shard: u32, m: &ShardMove, attempt: u64, why: &Error) {
         if self.still_ours(name, shard, attempt).is_err() {
             return;
         }
@@ -352,7 +353,7 @@ impl Cluster {
         let id = Some(v1::ShardId { collection: name.to_string(), shard });
         if let Ok(to) = self.client(&m.to)
             && let Err(e) = self.on_node(&m.to, to.drop_shard(v1::DropShardRequest { shard: id }, STEP_TIMEOUT)).await
-            && e.code != ErrorCode::NotFound
+            && e.code() != ErrorCode::NotFound
         {
             tracing::warn!(collection = %name, shard, node = %m.to, error = %e, "could not drop the partial copy; it is not in any placement");
         }
@@ -373,7 +374,7 @@ impl Cluster {
         }
     }
 
-    fn still_ours(&self, name: &CollectionName, shard: u32, attempt: u64) -> Result<(), ShoalError> {
+    fn still_ours(&self, name: &CollectionName, shard: u32, attempt: u64) -> Result<()> {
         let c = self.collection(name.as_str())?;
         match c.shards.get(shard as usize).and_then(|p| p.moving.as_ref()) {
             Some(m) if m.attempt == attempt && m.phase == MovePhase::Copying => Ok(()),
@@ -381,7 +382,7 @@ impl Cluster {
         }
     }
 
-    async fn shard_stats_on(&self, node: &NodeId, name: &CollectionName, shard: u32) -> Result<v1::ShardStats, ShoalError> {
+    async fn shard_stats_on(&self, node: &NodeId, name: &CollectionName, shard: u32) -> Result<v1::ShardStats> {
         let req = v1::ShardStatsRequest { shard: Some(v1::ShardId { collection: name.to_string(), shard }) };
         let client = self.client(node)?;
         self.on_node(node, client.get_shard_stats(req, Duration::from_secs(10)))
@@ -390,8 +391,8 @@ impl Cluster {
     }
 }
 
-fn aborted(name: &CollectionName, shard: u32, why: &str) -> ShoalError {
-    ShoalError::new(ErrorCode::Aborted, format!("move of shard {shard} of {name}: {why}"))
+fn aborted(name: &CollectionName, shard: u32, why: &str) -> Error {
+    Error::Aborted(format!("move of shard {shard} of {name}: {why}"))
 }
 
 #[cfg(test)]

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use shoal_control::metadata::{MetaError, PlannedMove, View, place, rebalance};
 use shoal_control::model::{Collection, MovePhase, ShardMove, ShardPlacement};
-use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
+use shoal_proto::{CollectionName, NodeId, v1};
 
 use crate::cluster::Cluster;
+use crate::error::{Error, Result};
 
 /// How long a request that waits may wait when its caller set no deadline.
 const LONGEST_WAIT: Duration = Duration::from_secs(3600);
@@ -38,13 +39,15 @@ impl Cluster {
         &self,
         name: &CollectionName,
         shard: u32,
-        decide: impl Fn(&ShardPlacement, &View) -> Result<Option<ShardPlacement>, ShoalError>,
-    ) -> Result<Option<ShardPlacement>, ShoalError> {
+        decide: impl Fn(&ShardPlacement, &View) -> Result<Option<ShardPlacement>>,
+    ) -> Result<Option<ShardPlacement>> {
         for _ in 0..CONFLICT_RETRIES {
             let view = self.meta.view();
-            let v = view.collection(name).ok_or_else(|| ShoalError::not_found(format!("collection {name} does not exist")))?;
-            let current = v.value.shards.get(shard as usize).ok_or_else(|| {
-                ShoalError::invalid(format!("collection {name} has {} shards; there is no shard {shard}", v.value.shard_count()))
+            let v = view.collection(name).ok_or_else(|| Error::CollectionNotFound(name.clone()))?;
+            let current = v.value.shards.get(shard as usize).ok_or_else(|| Error::NoSuchShard {
+                collection: name.clone(),
+                shard,
+                shards: v.value.shard_count(),
             })?;
             let Some(next) = decide(current, &view)? else { return Ok(None) };
             let mut c: Collection = v.value.clone();
@@ -55,55 +58,48 @@ impl Cluster {
                     // The view may lag the store: read it before deciding again.
                     let _ = self.meta.sync().await;
                 }
-                Err(e) => return Err(ShoalError::from(e).context(format!("shard {shard} of {name}"))),
+                Err(e) => return Err(Error::from(e).context(format!("shard {shard} of {name}"))),
             }
         }
-        Err(ShoalError::unavailable(
-            format!("shard {shard} of {name}: the collection kept changing under {CONFLICT_RETRIES} attempts; try again"),
-            Duration::from_secs(1),
-        ))
+        Err(Error::Contended { collection: name.clone(), shard, attempts: CONFLICT_RETRIES })
     }
 
     /// Records a move of shard `shard` of `name` to `to` (or to the serving
     /// node holding the fewest shards). Asking again for a move that is
     /// already recorded returns it.
-    pub(crate) async fn record_move(&self, name: &CollectionName, shard: u32, to: Option<&NodeId>) -> Result<ShardMove, ShoalError> {
+    pub(crate) async fn record_move(&self, name: &CollectionName, shard: u32, to: Option<&NodeId>) -> Result<ShardMove> {
         let recorded = self
             .change_shard(name, shard, |p, view| {
                 if let Some(m) = &p.moving {
                     if to.is_none_or(|t| *t == m.to) {
                         return Ok(None);
                     }
-                    return Err(ShoalError::new(
-                        ErrorCode::FailedPrecondition,
-                        format!("shard {shard} of {name} is already moving from {} to {}; wait for that move to end", m.from, m.to),
-                    ));
+                    return Err(Error::Precondition(format!(
+                        "shard {shard} of {name} is already moving from {} to {}; wait for that move to end",
+                        m.from, m.to
+                    )));
                 }
                 let from = p.node().clone();
                 if view.member(&from).is_none() {
-                    return Err(ShoalError::new(
-                        ErrorCode::FailedPrecondition,
-                        format!(
-                            "node {from}, which holds shard {shard} of {name}, is not a member (down or gone): a move copies from it; \
-                             restore the shard from a snapshot instead"
-                        ),
-                    ));
+                    return Err(Error::Precondition(format!(
+                        "node {from}, which holds shard {shard} of {name}, is not a member (down or gone): a move copies from it; \
+                         restore the shard from a snapshot instead"
+                    )));
                 }
                 let to = match to {
                     Some(t) => {
                         check_target(view, t)?;
                         if p.holds(t) {
-                            return Err(ShoalError::invalid(format!("node {t} already holds shard {shard} of {name}")));
+                            return Err(Error::Invalid(format!("node {t} already holds shard {shard} of {name}")));
                         }
                         t.clone()
                     }
                     None => {
                         let candidates = view.placeable().filter(|m| !p.holds(&m.id));
                         place(1, candidates, view.collections.values().map(|v| &v.value)).pop().ok_or_else(|| {
-                            ShoalError::new(
-                                ErrorCode::FailedPrecondition,
-                                format!("no serving node other than {from} can take shard {shard} of {name}; add or undrain one"),
-                            )
+                            Error::Precondition(format!(
+                                "no serving node other than {from} can take shard {shard} of {name}; add or undrain one"
+                            ))
                         })?
                     }
                 };
@@ -120,12 +116,12 @@ impl Cluster {
             None => {
                 // Already recorded: report the move as it stands.
                 let c = self.collection(name.as_str())?;
-                c.shards[shard as usize].moving.clone().ok_or_else(|| ShoalError::internal("the move ended while it was recorded"))
+                c.shards[shard as usize].moving.clone().ok_or_else(|| Error::Internal("the move ended while it was recorded".into()))
             }
         }
     }
 
-    pub async fn move_shard(&self, req: v1::MoveShardRequest, caller: Option<Duration>) -> Result<v1::MoveShardResponse, ShoalError> {
+    pub async fn move_shard(&self, req: v1::MoveShardRequest, caller: Option<Duration>) -> Result<v1::MoveShardResponse> {
         let v1::MoveShardRequest { collection, shard, to_node, wait } = req;
         let name = CollectionName::parse(&collection)?;
         let to = match to_node.as_str() {
@@ -143,11 +139,7 @@ impl Cluster {
     /// Waits until none of `moves` is recorded any more; each one is
     /// "done" if its target holds the shard, else an error says it was
     /// rolled back.
-    async fn wait_for_moves(
-        &self,
-        moves: &[(CollectionName, u32, ShardMove)],
-        caller: Option<Duration>,
-    ) -> Result<Vec<v1::ShardMove>, ShoalError> {
+    async fn wait_for_moves(&self, moves: &[(CollectionName, u32, ShardMove)], caller: Option<Duration>) -> Result<Vec<v1::ShardMove>> {
         let limit = caller.unwrap_or(LONGEST_WAIT);
         let ended = |view: &View| {
             moves.iter().all(|(name, shard, m)| {
@@ -164,10 +156,7 @@ impl Cluster {
                     p.moving.as_ref().map(|m| format!("shard {shard} of {name} to {} ({})", m.to, m.phase.as_str()))
                 })
                 .collect();
-            ShoalError::deadline(format!(
-                "still moving after {limit:?}: {}; the controller goes on (see `shoalctl status`)",
-                running.join(", ")
-            ))
+            Error::Deadline(format!("still moving after {limit:?}: {}; the controller goes on (see `shoalctl status`)", running.join(", ")))
         })?;
         let mut out = Vec::with_capacity(moves.len());
         for (name, shard, m) in moves {
@@ -175,19 +164,16 @@ impl Cluster {
             match p {
                 Some(p) if p.holds(&m.to) => out.push(move_info(name, *shard, m, "done")),
                 Some(_) => {
-                    return Err(ShoalError::new(
-                        ErrorCode::Aborted,
-                        format!(
-                            "the move of shard {shard} of {name} from {} to {} was rolled back (the controller {} logs why); \
-                             the shard stays on {}",
-                            m.from,
-                            m.to,
-                            view.controller.as_deref().unwrap_or("?"),
-                            m.from
-                        ),
-                    ));
+                    return Err(Error::Aborted(format!(
+                        "the move of shard {shard} of {name} from {} to {} was rolled back (the controller {} logs why); \
+                         the shard stays on {}",
+                        m.from,
+                        m.to,
+                        view.controller.as_deref().unwrap_or("?"),
+                        m.from
+                    )));
                 }
-                None => return Err(ShoalError::not_found(format!("collection {name} was dropped while its shard {shard} moved"))),
+                None => return Err(Error::NotFound(format!("collection {name} was dropped while its shard {shard} moved"))),
             }
         }
         Ok(out)
@@ -214,7 +200,7 @@ impl Cluster {
         }
     }
 
-    pub async fn drain_node(&self, req: v1::DrainNodeRequest, caller: Option<Duration>) -> Result<v1::DrainNodeResponse, ShoalError> {
+    pub async fn drain_node(&self, req: v1::DrainNodeRequest, caller: Option<Duration>) -> Result<v1::DrainNodeResponse> {
         let v1::DrainNodeRequest { node, undrain, wait } = req;
         let node = NodeId::parse(&node)?;
         if undrain {
@@ -225,13 +211,13 @@ impl Cluster {
         let view = self.meta.view();
         let holds = holdings(&view, &node);
         if view.member(&node).is_none() && holds.is_empty() {
-            return Err(ShoalError::not_found(format!("node {node} is not a member and holds no shard")));
+            return Err(Error::NotFound(format!("node {node} is not a member and holds no shard")));
         }
         if !holds.is_empty() && !view.placeable().any(|m| m.id != node) {
-            return Err(ShoalError::new(
-                ErrorCode::FailedPrecondition,
-                format!("no serving node other than {node} can take its {} shards; add or undrain one first", holds.len()),
-            ));
+            return Err(Error::Precondition(format!(
+                "no serving node other than {node} can take its {} shards; add or undrain one first",
+                holds.len()
+            )));
         }
         self.meta.set_draining(node.clone(), true).await?;
         tracing::info!(%node, shards = holds.len(), "node draining");
@@ -240,7 +226,7 @@ impl Cluster {
             let emptied = self.wait_for_view(limit, |v| holdings(v, &node).is_empty()).await;
             if let Err(view) = emptied {
                 let left = holdings(&view, &node);
-                return Err(ShoalError::deadline(format!(
+                return Err(Error::Deadline(format!(
                     "node {node} still holds {} shards after {limit:?}; the drain goes on (see `shoalctl node list`)",
                     left.len()
                 )));
@@ -249,7 +235,7 @@ impl Cluster {
         Ok(draining_state(&self.meta.view(), &node))
     }
 
-    pub async fn rebalance(&self, req: v1::RebalanceRequest, caller: Option<Duration>) -> Result<v1::RebalanceResponse, ShoalError> {
+    pub async fn rebalance(&self, req: v1::RebalanceRequest, caller: Option<Duration>) -> Result<v1::RebalanceResponse> {
         let view = self.meta.view();
         let collections: Vec<&Collection> = view.collections.values().map(|v| &v.value).collect();
         let plan = rebalance(view.placeable(), &collections);
@@ -272,16 +258,16 @@ impl Cluster {
 }
 
 /// A move's target must be alive, serving and not drained.
-pub(crate) fn check_target(view: &View, to: &NodeId) -> Result<(), ShoalError> {
+pub(crate) fn check_target(view: &View, to: &NodeId) -> Result<()> {
     let Some(m) = view.member(to) else {
         let known: Vec<&str> = view.members.keys().map(NodeId::as_str).collect();
-        return Err(ShoalError::not_found(format!("node {to} is not a member (members: {})", known.join(", "))));
+        return Err(Error::NotFound(format!("node {to} is not a member (members: {})", known.join(", "))));
     };
     if view.draining.contains(to) {
-        return Err(ShoalError::new(ErrorCode::FailedPrecondition, format!("node {to} is draining; undrain it to move shards to it")));
+        return Err(Error::Precondition(format!("node {to} is draining; undrain it to move shards to it")));
     }
     if !view.placeable().any(|p| p.id == m.id) {
-        return Err(ShoalError::new(ErrorCode::FailedPrecondition, format!("node {to} is {}, not serving", m.state.as_str())));
+        return Err(Error::Precondition(format!("node {to} is {}, not serving", m.state.as_str())));
     }
     Ok(())
 }

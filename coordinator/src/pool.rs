@@ -13,18 +13,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::RwLock;
+use shoal_proto::NodeId;
 use shoal_proto::v1::shard_node_server::ShardNode;
-use shoal_proto::{NodeId, ShoalError};
 use tokio::sync::watch;
 
 use crate::client::{PeerSettings, ShardClient};
+use crate::error::{Error, Result};
 use crate::liveness::Liveness;
 use shoal_control::metadata::View;
 use shoal_control::model::Member;
 
 /// Makes the client of a member.
 pub trait Connector: Send + Sync {
-    fn connect(&self, member: &Member) -> Result<ShardClient, ShoalError>;
+    fn connect(&self, member: &Member) -> Result<ShardClient>;
 }
 
 /// Shard nodes in other processes, over gRPC (connecting lazily, so a node
@@ -35,8 +36,8 @@ pub struct GrpcConnector {
 }
 
 impl Connector for GrpcConnector {
-    fn connect(&self, member: &Member) -> Result<ShardClient, ShoalError> {
-        ShardClient::connect_lazy(&member.address, self.max_message_bytes, &self.peers)
+    fn connect(&self, member: &Member) -> Result<ShardClient> {
+        Ok(ShardClient::connect_lazy(&member.address, self.max_message_bytes, &self.peers)?)
     }
 }
 
@@ -44,11 +45,11 @@ impl Connector for GrpcConnector {
 pub struct LocalConnector(pub HashMap<NodeId, Arc<dyn ShardNode>>);
 
 impl Connector for LocalConnector {
-    fn connect(&self, member: &Member) -> Result<ShardClient, ShoalError> {
+    fn connect(&self, member: &Member) -> Result<ShardClient> {
         self.0
             .get(&member.id)
             .map(|s| ShardClient::Local(Arc::clone(s)))
-            .ok_or_else(|| ShoalError::internal(format!("node {} is not in this process", member.id)))
+            .ok_or_else(|| Error::Internal(format!("node {} is not in this process", member.id)))
     }
 }
 
@@ -93,12 +94,10 @@ impl ShardPool {
     }
 
     /// The client of `node`, or UNAVAILABLE if it is not a member now.
-    pub fn get(&self, node: &NodeId) -> Result<ShardClient, ShoalError> {
-        self.nodes.read().get(node).map(|e| e.client.clone()).ok_or_else(|| {
-            ShoalError::unavailable(
-                format!("node {node} is not a member of the cluster (it left, or its lease ended): its shards are unavailable"),
-                Duration::from_secs(1),
-            )
+    pub fn get(&self, node: &NodeId) -> Result<ShardClient> {
+        self.nodes.read().get(node).map(|e| e.client.clone()).ok_or_else(|| Error::NodeUnavailable {
+            node: node.clone(),
+            reason: "is not a member of the cluster (it left, or its lease ended): its shards are unavailable".into(),
         })
     }
 

@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use shoal_control::metadata::place;
 use shoal_control::model::ShardPlacement;
-use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
+use shoal_proto::{CollectionName, NodeId, v1};
 
 use crate::cluster::Cluster;
+use crate::error::{Error, Result};
 use crate::moves::check_target;
 use crate::snapshots::check_id;
 
@@ -25,7 +26,7 @@ use crate::snapshots::check_id;
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 
 impl Cluster {
-    pub async fn recover_shard(&self, req: v1::RecoverShardRequest) -> Result<v1::RecoverShardResponse, ShoalError> {
+    pub async fn recover_shard(&self, req: v1::RecoverShardRequest) -> Result<v1::RecoverShardResponse> {
         let v1::RecoverShardRequest { collection, shard, to_node, snapshot_id } = req;
         let name = CollectionName::parse(&collection)?;
         if !snapshot_id.is_empty() {
@@ -51,16 +52,15 @@ impl Cluster {
                 .map_err(|e| e.context(format!("raising the epoch of the restored copy on {to}")))?;
             self.change_shard(&name, shard, |p, view| {
                 if *p.node() != dead || p.moving.is_some() {
-                    return Err(ShoalError::new(
-                        ErrorCode::Aborted,
-                        format!("shard {shard} of {name} was placed elsewhere while it was restored (now on {})", p.node()),
-                    ));
+                    return Err(Error::Aborted(format!(
+                        "shard {shard} of {name} was placed elsewhere while it was restored (now on {})",
+                        p.node()
+                    )));
                 }
                 if view.member(&dead).is_some() {
-                    return Err(ShoalError::new(
-                        ErrorCode::Aborted,
-                        format!("node {dead} came back while shard {shard} of {name} was restored; it still holds the shard"),
-                    ));
+                    return Err(Error::Aborted(format!(
+                        "node {dead} came back while shard {shard} of {name} was restored; it still holds the shard"
+                    )));
                 }
                 Ok(Some(ShardPlacement::at(to.clone(), epoch)))
             })
@@ -90,42 +90,35 @@ impl Cluster {
     /// Checks the request against the view: the shard's node must be gone
     /// and no move recorded; picks the target. Returns the dead node, the
     /// placement's epoch and the target.
-    fn recovery_plan(&self, name: &CollectionName, shard: u32, to_node: &str) -> Result<(NodeId, u64, NodeId), ShoalError> {
+    fn recovery_plan(&self, name: &CollectionName, shard: u32, to_node: &str) -> Result<(NodeId, u64, NodeId)> {
         let view = self.meta.view();
-        let c = view.collection(name).ok_or_else(|| ShoalError::not_found(format!("collection {name} does not exist")))?;
-        let p = c.value.shards.get(shard as usize).ok_or_else(|| {
-            ShoalError::invalid(format!("collection {name} has {} shards; there is no shard {shard}", c.value.shard_count()))
+        let c = view.collection(name).ok_or_else(|| Error::CollectionNotFound(name.clone()))?;
+        let p = c.value.shards.get(shard as usize).ok_or_else(|| Error::NoSuchShard {
+            collection: name.clone(),
+            shard,
+            shards: c.value.shard_count(),
         })?;
         let dead = p.node().clone();
         if view.member(&dead).is_some() {
-            return Err(ShoalError::new(
-                ErrorCode::FailedPrecondition,
-                format!(
-                    "node {dead}, which holds shard {shard} of {name}, is a member: recovering from a snapshot would lose what it took \
-                     since; move the shard instead (`shoalctl shard move {name}/{shard}`), or, if the node died, wait until its \
-                     lease ends and it leaves `shoalctl node list`"
-                ),
-            ));
+            return Err(Error::Precondition(format!(
+                "node {dead}, which holds shard {shard} of {name}, is a member: recovering from a snapshot would lose what it took \
+                 since; move the shard instead (`shoalctl shard move {name}/{shard}`), or, if the node died, wait until its \
+                 lease ends and it leaves `shoalctl node list`"
+            )));
         }
         if let Some(m) = &p.moving {
-            return Err(ShoalError::new(
-                ErrorCode::FailedPrecondition,
-                format!(
-                    "a move of shard {shard} of {name} to {} is recorded; the controller rolls it back once it finds {dead} gone \
-                     (see `shoalctl status`); recover it after that",
-                    m.to
-                ),
-            ));
+            return Err(Error::Precondition(format!(
+                "a move of shard {shard} of {name} to {} is recorded; the controller rolls it back once it finds {dead} gone \
+                 (see `shoalctl status`); recover it after that",
+                m.to
+            )));
         }
         let to = match to_node {
             "" => {
                 let candidates = view.placeable().filter(|m| m.id != dead);
-                place(1, candidates, view.collections.values().map(|v| &v.value)).pop().ok_or_else(|| {
-                    ShoalError::new(
-                        ErrorCode::FailedPrecondition,
-                        format!("no serving node can take shard {shard} of {name}; add or undrain one"),
-                    )
-                })?
+                place(1, candidates, view.collections.values().map(|v| &v.value))
+                    .pop()
+                    .ok_or_else(|| Error::Precondition(format!("no serving node can take shard {shard} of {name}; add or undrain one")))?
             }
             t => {
                 let t = NodeId::parse(t)?;
@@ -137,7 +130,7 @@ impl Cluster {
     }
 
     /// The snapshot `id` of the shard, or its latest one that is whole.
-    async fn snapshot_to_recover(&self, name: &CollectionName, shard: u32, id: &str) -> Result<v1::SnapshotInfo, ShoalError> {
+    async fn snapshot_to_recover(&self, name: &CollectionName, shard: u32, id: &str) -> Result<v1::SnapshotInfo> {
         let listed = self.list_snapshots(v1::ListSnapshotsRequest { collection: name.to_string(), shard: Some(shard) }).await?;
         let mut usable = listed.snapshots.into_iter().filter(|s| s.shard == shard);
         let found = match id {
@@ -146,17 +139,14 @@ impl Cluster {
         };
         match found {
             Some(s) if !s.error.is_empty() => {
-                Err(ShoalError::invalid(format!("snapshot {} of shard {shard} of {name} cannot be restored: {}", s.id, s.error)))
+                Err(Error::Invalid(format!("snapshot {} of shard {shard} of {name} cannot be restored: {}", s.id, s.error)))
             }
             Some(s) => Ok(s),
-            None if id.is_empty() => Err(ShoalError::new(
-                ErrorCode::FailedPrecondition,
-                format!(
-                    "shard {shard} of {name} has no snapshot to recover from; its data is only on its node's disk: \
-                     bring the node back (its shards serve again when it registers)"
-                ),
-            )),
-            None => Err(ShoalError::not_found(format!("shard {shard} of {name} has no snapshot {id}"))),
+            None if id.is_empty() => Err(Error::Precondition(format!(
+                "shard {shard} of {name} has no snapshot to recover from; its data is only on its node's disk: \
+                 bring the node back (its shards serve again when it registers)"
+            ))),
+            None => Err(Error::NotFound(format!("shard {shard} of {name} has no snapshot {id}"))),
         }
     }
 }

@@ -4,14 +4,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
+use shoal_proto::v1;
 use shoal_proto::v1::shoal_server::Shoal;
-use shoal_proto::{ShoalError, v1};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::cluster::{Cluster, SearchQuery};
+use crate::error::Error;
 
 /// Serves `shoal.v1.Shoal`.
 pub struct ShoalService {
@@ -30,7 +31,7 @@ impl ShoalService {
     fn fits<T: prost::Message>(&self, answer: T) -> Result<Response<T>, Status> {
         let len = answer.encoded_len();
         if len > self.max_message_bytes {
-            return Err(ShoalError::exhausted(format!(
+            return Err(Error::TooLarge(format!(
                 "the answer is {len} bytes, over the message limit of {} bytes (max_message_bytes); \
                  ask for fewer hits, fewer queries or no payloads per request",
                 self.max_message_bytes
@@ -142,7 +143,7 @@ impl Shoal for ShoalService {
         let q = SearchQuery { collection, queries: vec![vector], k, ef, with_payload, allow_partial, timeout_ms };
         let span = tracing::info_span!("search", collection = %q.collection, queries = 1, k = q.k, ef = q.ef);
         let mut out = self.cluster.search_many(q, caller).instrument(span).await?;
-        let hits = out.results.pop().ok_or_else(|| ShoalError::internal("search produced no result"))?;
+        let hits = out.results.pop().ok_or_else(|| Error::Internal("search produced no result".into()))?;
         self.fits(v1::SearchResponse { hits, shards_total: out.shards_total, shards_answered: out.shards_answered, partial: out.partial })
     }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 use futures::future::join_all;
 use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
 
-use crate::cluster::{Cluster, retry_hint};
+use crate::cluster::Cluster;
+use crate::error::{Error, Result};
 use shoal_control::metadata::{MetaError, place};
 use shoal_control::model::{Collection, CollectionSpec, ShardPlacement};
 
@@ -17,7 +18,7 @@ use shoal_control::model::{Collection, CollectionSpec, ShardPlacement};
 const LONG_CALL: Duration = Duration::from_secs(24 * 3600);
 
 /// Same rules as the snapshot library (ids become object keys).
-pub(crate) fn check_id(id: &str) -> Result<(), ShoalError> {
+pub(crate) fn check_id(id: &str) -> Result<()> {
     let ok = !id.is_empty()
         && id.len() <= 64
         && !id.starts_with('.')
@@ -25,7 +26,7 @@ pub(crate) fn check_id(id: &str) -> Result<(), ShoalError> {
     if ok {
         Ok(())
     } else {
-        Err(ShoalError::invalid(format!("snapshot id {id:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ - and not start with a dot")))
+        Err(Error::Invalid(format!("snapshot id {id:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ - and not start with a dot")))
     }
 }
 
@@ -49,7 +50,7 @@ fn new_id() -> String {
 
 impl Cluster {
     /// Snapshots every shard of a collection under one id, concurrently.
-    pub async fn create_snapshot(&self, req: v1::CreateSnapshotRequest) -> Result<v1::CreateSnapshotResponse, ShoalError> {
+    pub async fn create_snapshot(&self, req: v1::CreateSnapshotRequest) -> Result<v1::CreateSnapshotResponse> {
         let v1::CreateSnapshotRequest { collection, snapshot_id, zstd_level } = req;
         let c = self.collection(&collection)?;
         let id = if snapshot_id.is_empty() { new_id() } else { snapshot_id };
@@ -62,7 +63,7 @@ impl Cluster {
             .await;
         if let Some((i, node, e)) = g.failures.into_iter().min_by_key(|f| f.0) {
             let published: Vec<String> = g.answers.iter().map(|(s, _)| s.to_string()).collect();
-            return Err(retry_hint(e).context(format!(
+            return Err(e.context(format!(
                 "snapshot {id} of {}: shard {i} on node {node} failed (shards published: [{}])",
                 c.name,
                 published.join(", ")
@@ -75,7 +76,7 @@ impl Cluster {
 
     /// Snapshots of a collection, from any node that answers (they share
     /// the store). Works for collections this cluster does not have.
-    pub async fn list_snapshots(&self, req: v1::ListSnapshotsRequest) -> Result<v1::ListSnapshotsResponse, ShoalError> {
+    pub async fn list_snapshots(&self, req: v1::ListSnapshotsRequest) -> Result<v1::ListSnapshotsResponse> {
         CollectionName::parse(&req.collection)?;
         self.ask_any_node("listing snapshots", |client| {
             let req = req.clone();
@@ -85,7 +86,7 @@ impl Cluster {
     }
 
     /// Applies retention, on any node that answers.
-    pub async fn prune_snapshots(&self, req: v1::PruneSnapshotsRequest) -> Result<v1::PruneSnapshotsResponse, ShoalError> {
+    pub async fn prune_snapshots(&self, req: v1::PruneSnapshotsRequest) -> Result<v1::PruneSnapshotsResponse> {
         CollectionName::parse(&req.collection)?;
         self.ask_any_node("pruning snapshots", |client| {
             let req = req.clone();
@@ -95,7 +96,7 @@ impl Cluster {
     }
 
     /// Restores a collection (or one shard of it) from a snapshot id.
-    pub async fn restore_snapshot(&self, req: v1::RestoreSnapshotRequest) -> Result<v1::RestoreSnapshotResponse, ShoalError> {
+    pub async fn restore_snapshot(&self, req: v1::RestoreSnapshotRequest) -> Result<v1::RestoreSnapshotResponse> {
         let v1::RestoreSnapshotRequest { collection, snapshot_id, shard, replace } = req;
         let name = CollectionName::parse(&collection)?;
         check_id(&snapshot_id)?;
@@ -105,7 +106,7 @@ impl Cluster {
         if shard.is_none()
             && let Some(c) = listed.collection_snapshots.iter().find(|c| c.id == snapshot_id && !c.complete)
         {
-            return Err(ShoalError::not_found(format!(
+            return Err(Error::NotFound(format!(
                 "snapshot {snapshot_id} of {name} is incomplete ({}): it cannot restore the collection; \
                  `shoalctl snapshot list {name}` shows the complete ones",
                 c.why_incomplete
@@ -114,10 +115,10 @@ impl Cluster {
         let of_id: BTreeMap<u32, v1::SnapshotInfo> =
             listed.snapshots.into_iter().filter(|s| s.id == snapshot_id).map(|s| (s.shard, s)).collect();
         if let Some(bad) = of_id.values().find(|s| !s.error.is_empty()) {
-            return Err(ShoalError::invalid(format!("snapshot {snapshot_id} of shard {}: {}", bad.shard, bad.error)));
+            return Err(Error::Invalid(format!("snapshot {snapshot_id} of shard {}: {}", bad.shard, bad.error)));
         }
         let Some(first) = of_id.values().next() else {
-            return Err(ShoalError::not_found(format!("collection {name} has no snapshot {snapshot_id}")));
+            return Err(Error::NotFound(format!("collection {name} has no snapshot {snapshot_id}")));
         };
         let count = first.shard_count;
         let wanted: Vec<u32> = match shard {
@@ -125,25 +126,25 @@ impl Cluster {
             None => (0..count).collect(),
         };
         if let Some(missing) = wanted.iter().find(|s| !of_id.contains_key(s)) {
-            return Err(ShoalError::not_found(format!("snapshot {snapshot_id} of {name} has no manifest for shard {missing}")));
+            return Err(Error::NotFound(format!("snapshot {snapshot_id} of {name} has no manifest for shard {missing}")));
         }
         if of_id.values().any(|s| s.shard_count != count) {
-            return Err(ShoalError::invalid(format!("the shards of snapshot {snapshot_id} disagree on the shard count")));
+            return Err(Error::Invalid(format!("the shards of snapshot {snapshot_id} disagree on the shard count")));
         }
         let view = self.meta.view();
         let existing = view.collection(&name).map(|v| &v.value);
         let placement: Vec<NodeId> = match existing {
             Some(c) if c.shard_count() != count => {
-                return Err(ShoalError::invalid(format!(
+                return Err(Error::Invalid(format!(
                     "collection {name} has {} shards here, the snapshot {count}; drop the collection first to restore it",
                     c.shard_count()
                 )));
             }
             Some(_) if !replace => {
-                return Err(ShoalError::already_exists(format!("collection {name} exists; set replace to overwrite its shards")));
+                return Err(Error::RestoreOverExisting(name));
             }
             Some(c) if (c.spec.dimension, v1::Metric::from(c.spec.metric) as i32) != (first.dimension, first.metric) => {
-                return Err(ShoalError::invalid(format!(
+                return Err(Error::Invalid(format!(
                     "collection {name} here has dimension {} and metric {}, the snapshot {} and {}; drop the collection first to restore it",
                     c.spec.dimension,
                     c.spec.metric,
@@ -155,7 +156,7 @@ impl Cluster {
             None => {
                 let placement = place(count, view.placeable(), view.collections.values().map(|v| &v.value));
                 if placement.len() < count as usize {
-                    return Err(ShoalError::unavailable("the cluster has no shard node that takes new shards", Duration::from_secs(5)));
+                    return Err(Error::NoCapacity);
                 }
                 placement
             }
@@ -171,7 +172,7 @@ impl Cluster {
             async move {
                 let client = self.client(&node)?;
                 let r = self.on_node(&node, client.restore_shard(req, LONG_CALL)).await;
-                r.map_err(|e| retry_hint(e).context(format!("restoring shard {s} on node {node}")))
+                r.map_err(|e| e.context(format!("restoring shard {s} on node {node}")))
             }
         }))
         .await;
@@ -186,14 +187,15 @@ impl Cluster {
             if let Some(spec) = spec
                 && wanted.len() as u32 == count
             {
-                let spec = CollectionSpec::try_from(spec).map_err(|e| e.context(format!("snapshot {snapshot_id}")))?;
+                let spec =
+                    CollectionSpec::try_from(spec).map_err(|e| Error::Invalid(e.message).context(format!("snapshot {snapshot_id}")))?;
                 // Each shard at the epoch its snapshot carries (writes
                 // stamped lower would be refused).
                 let shards = placement.into_iter().zip(&restored_stats).map(|(node, s)| ShardPlacement::at(node, s.epoch.max(1))).collect();
                 let c = Collection { name: name.clone(), spec, replication: Default::default(), shards };
                 match self.meta.create_collection(c).await {
                     Ok(_) | Err(MetaError::AlreadyExists(_)) => {}
-                    Err(e) => return Err(ShoalError::from(e).context(format!("restored {name}, but could not record it"))),
+                    Err(e) => return Err(Error::from(e).context(format!("restored {name}, but could not record it"))),
                 }
             } else {
                 self.discover().await;
@@ -202,20 +204,20 @@ impl Cluster {
         let restored = wanted.iter().filter_map(|s| of_id.get(s).cloned()).collect();
         let info = match self.describe(name.as_str(), None).await {
             Ok(info) => Some(info),
-            Err(e) if e.code == ErrorCode::NotFound => None,
+            Err(e) if e.code() == ErrorCode::NotFound => None,
             Err(e) => return Err(e),
         };
         Ok(v1::RestoreSnapshotResponse { collection: info, restored })
     }
 
     /// Snapshots and restores of a collection that are running.
-    pub async fn snapshot_progress(&self, req: v1::GetSnapshotProgressRequest) -> Result<v1::SnapshotProgressResponse, ShoalError> {
+    pub async fn snapshot_progress(&self, req: v1::GetSnapshotProgressRequest) -> Result<v1::SnapshotProgressResponse> {
         let name = CollectionName::parse(&req.collection)?;
         let view = self.meta.view();
         let replies = join_all(view.members.values().map(|m| async move {
             let client = self.client(&m.id)?;
             let r = self.on_node(&m.id, client.get_snapshot_progress(v1::SnapshotProgressRequest {}, Duration::from_secs(5))).await?;
-            Ok::<_, ShoalError>((m.id.clone(), r))
+            Ok::<_, Error>((m.id.clone(), r))
         }))
         .await;
         let mut running = Vec::new();
@@ -231,7 +233,7 @@ impl Cluster {
 
     /// Calls `f` on members in order until one answers; errors that are the
     /// caller's (invalid, not found) come back at once.
-    async fn ask_any_node<T, F, Fut>(&self, what: &str, f: F) -> Result<T, ShoalError>
+    async fn ask_any_node<T, F, Fut>(&self, what: &str, f: F) -> Result<T>
     where
         F: Fn(crate::client::ShardClient) -> Fut,
         Fut: std::future::Future<Output = Result<T, ShoalError>>,
@@ -241,13 +243,13 @@ impl Cluster {
             let client = self.client(&m.id)?;
             match self.on_node(&m.id, f(client)).await {
                 Ok(v) => return Ok(v),
-                Err(e) if matches!(e.code, ErrorCode::InvalidArgument | ErrorCode::NotFound | ErrorCode::AlreadyExists) => {
+                Err(e) if matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::NotFound | ErrorCode::AlreadyExists) => {
                     return Err(e);
                 }
                 Err(e) => last = Some(e.context(format!("{what} on node {}", m.id))),
             }
         }
-        Err(retry_hint(last.unwrap_or_else(|| ShoalError::unavailable("the cluster has no shard nodes", Duration::from_secs(5)))))
+        Err(last.unwrap_or(Error::NoNodes))
     }
 }
 

@@ -4,9 +4,11 @@
 
 use std::fmt::Display;
 
-use shoal_proto::{ShoalError, v1};
+use shoal_proto::v1;
 
 use shoal_control::model::{CollectionSpec, Metric};
+
+use crate::error::{Error, Result};
 
 /// Request limits (configurable in `[coordinator.limits]`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -47,35 +49,35 @@ impl Default for Limits {
 }
 
 /// A vector for a collection of this spec.
-pub fn vector(v: &[f32], spec: &CollectionSpec, what: impl Display) -> Result<(), ShoalError> {
+pub fn vector(v: &[f32], spec: &CollectionSpec, what: impl Display) -> Result<()> {
     if v.is_empty() {
-        return Err(ShoalError::invalid(format!("{what}: vector is empty")));
+        return Err(Error::Invalid(format!("{what}: vector is empty")));
     }
     if v.len() != spec.dimension as usize {
-        return Err(ShoalError::invalid(format!("{what}: vector has dimension {}, the collection expects {}", v.len(), spec.dimension)));
+        return Err(Error::Invalid(format!("{what}: vector has dimension {}, the collection expects {}", v.len(), spec.dimension)));
     }
     if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-        return Err(ShoalError::invalid(format!("{what}: component {i} is {x}; every component must be finite")));
+        return Err(Error::Invalid(format!("{what}: component {i} is {x}; every component must be finite")));
     }
     let norm_sq: f64 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
     if spec.metric == Metric::Cosine && norm_sq.sqrt() < f64::from(f32::MIN_POSITIVE) {
-        return Err(ShoalError::invalid(format!("{what}: a zero vector has no direction under the cosine metric")));
+        return Err(Error::Invalid(format!("{what}: a zero vector has no direction under the cosine metric")));
     }
     // Euclidean: |a - b|² ≤ 4 max(|a|², |b|²) must stay finite too.
     let limit = if spec.metric == Metric::Euclidean { f64::from(f32::MAX) / 4.0 } else { f64::from(f32::MAX) };
     if spec.metric != Metric::Cosine && norm_sq > limit {
-        return Err(ShoalError::invalid(format!("{what}: the vector's squared length overflows 32-bit float distances; scale it down")));
+        return Err(Error::Invalid(format!("{what}: the vector's squared length overflows 32-bit float distances; scale it down")));
     }
     Ok(())
 }
 
 /// Points and deletes of a write.
-pub fn write(points: &[v1::Point], deletes: &[u64], spec: &CollectionSpec, limits: &Limits) -> Result<(), ShoalError> {
+pub fn write(points: &[v1::Point], deletes: &[u64], spec: &CollectionSpec, limits: &Limits) -> Result<()> {
     if points.is_empty() && deletes.is_empty() {
-        return Err(ShoalError::invalid("batch is empty: it has no points and no deletes"));
+        return Err(Error::Invalid("batch is empty: it has no points and no deletes".into()));
     }
     if points.len() + deletes.len() > limits.max_batch_ops {
-        return Err(ShoalError::invalid(format!(
+        return Err(Error::Invalid(format!(
             "batch has {} operations, more than the limit of {}",
             points.len() + deletes.len(),
             limits.max_batch_ops
@@ -88,13 +90,13 @@ pub fn write(points: &[v1::Point], deletes: &[u64], spec: &CollectionSpec, limit
                 v1::payload::Kind::Binary(b) => b.len(),
                 v1::payload::Kind::Json(s) => {
                     if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(s) {
-                        return Err(ShoalError::invalid(format!("point {i} (id {}): payload is not valid JSON: {e}", p.id)));
+                        return Err(Error::Invalid(format!("point {i} (id {}): payload is not valid JSON: {e}", p.id)));
                     }
                     s.len()
                 }
             };
             if len + 1 > limits.max_payload_bytes {
-                return Err(ShoalError::invalid(format!(
+                return Err(Error::Invalid(format!(
                     "point {i} (id {}): payload of {len} bytes exceeds the limit of {} bytes",
                     p.id,
                     limits.max_payload_bytes - 1
@@ -106,23 +108,23 @@ pub fn write(points: &[v1::Point], deletes: &[u64], spec: &CollectionSpec, limit
 }
 
 /// The source and offset of an ingest batch.
-pub fn source(s: &v1::SourceOffset, limits: &Limits) -> Result<(), ShoalError> {
+pub fn source(s: &v1::SourceOffset, limits: &Limits) -> Result<()> {
     if s.source.is_empty() || s.source.len() > limits.max_source_bytes {
-        return Err(ShoalError::invalid(format!("source name must be 1 to {} bytes, got {}", limits.max_source_bytes, s.source.len())));
+        return Err(Error::Invalid(format!("source name must be 1 to {} bytes, got {}", limits.max_source_bytes, s.source.len())));
     }
     // Offsets must grow, so a source at the largest one could never apply
     // another batch.
     if s.offset == u64::MAX {
-        return Err(ShoalError::invalid(format!("offset {} is reserved: offsets must be below 2^64-1", s.offset)));
+        return Err(Error::Invalid(format!("offset {} is reserved: offsets must be below 2^64-1", s.offset)));
     }
     Ok(())
 }
 
 /// The hits a search asks for: queries × k, within the limit.
-pub fn hits(queries: usize, k: u32, limits: &Limits) -> Result<(), ShoalError> {
+pub fn hits(queries: usize, k: u32, limits: &Limits) -> Result<()> {
     let asked = queries as u64 * u64::from(k);
     if asked > limits.max_hits {
-        return Err(ShoalError::invalid(format!(
+        return Err(Error::Invalid(format!(
             "a search may ask for at most {} hits (queries × k); this one asks for {queries} × {k} = {asked}: \
              lower k or send fewer queries per request",
             limits.max_hits
@@ -132,12 +134,12 @@ pub fn hits(queries: usize, k: u32, limits: &Limits) -> Result<(), ShoalError> {
 }
 
 /// k and ef of a search; returns the per-shard ef to use.
-pub fn search_params(k: u32, ef: u32, limits: &Limits) -> Result<u32, ShoalError> {
+pub fn search_params(k: u32, ef: u32, limits: &Limits) -> Result<u32> {
     if k == 0 || k > limits.max_k {
-        return Err(ShoalError::invalid(format!("k must be between 1 and {}, got {k}", limits.max_k)));
+        return Err(Error::Invalid(format!("k must be between 1 and {}, got {k}", limits.max_k)));
     }
     if ef > limits.max_ef {
-        return Err(ShoalError::invalid(format!("ef must be at most {}, got {ef}", limits.max_ef)));
+        return Err(Error::Invalid(format!("ef must be at most {}, got {ef}", limits.max_ef)));
     }
     Ok(if ef == 0 { shoal_proto::default_ef(k) } else { ef.max(k) })
 }
@@ -153,7 +155,7 @@ mod tests {
     #[test]
     fn vectors_get_precise_errors() {
         let s = spec(Metric::Cosine);
-        let e = |v: &[f32]| vector(v, &s, "point 2 (id 9)").unwrap_err().message;
+        let e = |v: &[f32]| vector(v, &s, "point 2 (id 9)").unwrap_err().to_string();
         assert_eq!(e(&[]), "point 2 (id 9): vector is empty");
         assert_eq!(e(&[1.0, 2.0]), "point 2 (id 9): vector has dimension 2, the collection expects 3");
         assert_eq!(e(&[1.0, f32::NAN, 0.0]), "point 2 (id 9): component 1 is NaN; every component must be finite");
@@ -165,19 +167,19 @@ mod tests {
     fn writes_and_searches_are_bounded() {
         let s = spec(Metric::Dot);
         let l = Limits::default();
-        assert!(write(&[], &[], &s, &l).unwrap_err().message.contains("empty"));
+        assert!(write(&[], &[], &s, &l).unwrap_err().to_string().contains("empty"));
         let bad_json =
             v1::Point { id: 1, vector: vec![1.0; 3], payload: Some(v1::Payload { kind: Some(v1::payload::Kind::Json("{oops".into())) }) };
-        assert!(write(&[bad_json], &[], &s, &l).unwrap_err().message.contains("not valid JSON"));
+        assert!(write(&[bad_json], &[], &s, &l).unwrap_err().to_string().contains("not valid JSON"));
         assert_eq!(search_params(10, 0, &l).unwrap(), 64);
         assert_eq!(search_params(100, 0, &l).unwrap(), 200);
         assert_eq!(search_params(10, 5, &l).unwrap(), 10);
         assert!(search_params(0, 10, &l).is_err());
         let at = |source: &str, offset| v1::SourceOffset { source: source.into(), offset };
         assert!(source(&at("", 0), &l).is_err());
-        assert!(source(&at("job", u64::MAX), &l).unwrap_err().message.contains("reserved"));
+        assert!(source(&at("job", u64::MAX), &l).unwrap_err().to_string().contains("reserved"));
         assert!(source(&at("job", u64::MAX - 1), &l).is_ok());
         assert!(hits(1024, 976, &l).is_ok());
-        assert!(hits(1024, 10_000, &l).unwrap_err().message.contains("1024 × 10000 = 10240000"));
+        assert!(hits(1024, 10_000, &l).unwrap_err().to_string().contains("1024 × 10000 = 10240000"));
     }
 }
