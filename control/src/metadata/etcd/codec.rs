@@ -113,7 +113,9 @@ pub(super) fn encode_collection(c: &Collection) -> Result<Vec<u8>, MetaError> {
                     .iter()
                     .map(|r| match r.state {
                         ReplicaState::Active => ReplicaRecord::Active(r.node.as_str().to_owned()),
-                        other => ReplicaRecord::Other { node: r.node.as_str().to_owned(), state: other.as_str().to_owned() },
+                        other @ (ReplicaState::Recovering | ReplicaState::Dead) => {
+                            ReplicaRecord::Other { node: r.node.as_str().to_owned(), state: other.as_str().to_owned() }
+                        }
                     })
                     .collect(),
                 epoch: s.epoch,
