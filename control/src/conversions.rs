@@ -77,7 +77,14 @@ pub fn collection_info(c: &Collection, shards: Vec<v1::ShardInfo>) -> v1::Collec
         index: index_to_wire(c.spec.index),
         shards,
         points,
+        replication_factor: c.replication.factor,
+        min_in_sync: c.replication.min_in_sync,
     }
+}
+
+/// A shard's replicas as the public API lists them.
+pub fn replicas_info(p: &crate::model::ShardPlacement) -> Vec<v1::ReplicaInfo> {
+    p.replicas.iter().map(|r| v1::ReplicaInfo { node: r.node.to_string(), state: r.state.as_str().to_owned() }).collect()
 }
 
 #[cfg(test)]

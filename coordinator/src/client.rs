@@ -134,4 +134,5 @@ impl ShardClient {
     forward!(fence_shard, v1::FenceShardRequest, v1::ShardStats);
     forward!(read_batch_log, v1::ReadBatchLogRequest, v1::ReadBatchLogResponse);
     forward!(apply_log_entries, v1::ApplyLogEntriesRequest, v1::ApplyLogEntriesResponse);
+    forward!(digest_shard, v1::DigestShardRequest, v1::ShardDigest);
 }

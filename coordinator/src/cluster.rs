@@ -19,12 +19,13 @@ use tracing::Instrument;
 use crate::client::{PeerSettings, ShardClient};
 use crate::error::{Error, Result};
 use crate::merge::merge_top_k;
+use crate::outstanding::Outstanding;
 use crate::pool::{Connector, ShardPool};
 use crate::routing::{Part, group_ids, split};
 use crate::validate::{self, Limits};
 use shoal_control::conversions::collection_info as info;
-use shoal_control::metadata::{MetaError, MetadataStore, StoreHealth, Versioned, View, place};
-use shoal_control::model::{Collection, CollectionSpec, IndexParams, Metric, ShardPlacement};
+use shoal_control::metadata::{MetaError, MetadataStore, StoreHealth, Versioned, View, place_replicas};
+use shoal_control::model::{Collection, CollectionSpec, IndexParams, Metric, ReplicaState, Replication, ShardPlacement};
 
 /// Coordinator behaviour (configured in `[coordinator]`).
 #[derive(Clone, Debug)]
@@ -77,6 +78,7 @@ pub(crate) struct Gathered<T> {
 pub struct Cluster {
     pub(crate) meta: Arc<dyn MetadataStore>,
     pool: Arc<ShardPool>,
+    outstanding: Outstanding,
     follower: tokio::task::JoinHandle<()>,
     opts: ClusterOptions,
 }
@@ -86,6 +88,27 @@ impl Drop for Cluster {
         self.follower.abort();
     }
 }
+
+/// Every copy of every shard of `c`: (shard, node).
+pub(crate) fn replica_nodes(c: &Collection) -> impl Iterator<Item = (u32, NodeId)> + '_ {
+    c.shards.iter().enumerate().flat_map(|(i, p)| p.nodes().map(move |n| (i as u32, n.clone())))
+}
+
+/// A create request's replication, checked; 0 is the default of each.
+fn replication_of(factor: u32, min_in_sync: u32) -> Result<Replication> {
+    let factor = factor.max(1);
+    let min_in_sync = min_in_sync.max(1);
+    if min_in_sync > factor {
+        return Err(Error::Invalid(format!("min_in_sync {min_in_sync} is above the replication factor {factor}")));
+    }
+    if factor > MAX_REPLICATION_FACTOR {
+        return Err(Error::Invalid(format!("replication factor {factor} is above the limit of {MAX_REPLICATION_FACTOR}")));
+    }
+    Ok(Replication { factor, min_in_sync })
+}
+
+/// Copies beyond a handful buy no availability and multiply every write.
+const MAX_REPLICATION_FACTOR: u32 = 8;
 
 /// The time a call may take: the operation's own bound, or less if the
 /// caller's deadline comes first.
@@ -100,11 +123,15 @@ impl Cluster {
     pub fn new(meta: Arc<dyn MetadataStore>, connector: Box<dyn Connector>, opts: ClusterOptions) -> Self {
         let pool = Arc::new(ShardPool::new(connector, &opts.peers));
         let follower = pool.follow(meta.watch());
-        Cluster { meta, pool, follower, opts }
+        Cluster { meta, pool, outstanding: Outstanding::default(), follower, opts }
     }
 
     pub fn options(&self) -> &ClusterOptions {
         &self.opts
+    }
+
+    pub(crate) fn outstanding(&self) -> &Outstanding {
+        &self.outstanding
     }
 
     pub(crate) fn client(&self, node: &NodeId) -> Result<ShardClient> {
@@ -203,7 +230,7 @@ impl Cluster {
     }
 
     pub async fn create_collection(&self, req: v1::CreateCollectionRequest) -> Result<v1::CollectionInfo> {
-        let v1::CreateCollectionRequest { name, dimension, metric, shard_count, index } = req;
+        let v1::CreateCollectionRequest { name, dimension, metric, shard_count, index, replication_factor, min_in_sync } = req;
         let name = CollectionName::parse(&name)?;
         if dimension == 0 || dimension > 65_536 {
             return Err(Error::Invalid(format!("dimension must be 1 to 65536, got {dimension}")));
@@ -218,55 +245,66 @@ impl Cluster {
                  {shard_count} were asked for"
             )));
         }
+        let replication = replication_of(replication_factor, min_in_sync)?;
         let view = self.meta.view();
         if view.collection(&name).is_some() {
             return Err(Error::CollectionExists(name));
         }
         let spec = CollectionSpec { dimension, metric, index: IndexParams::from(index), shard_count };
-        let placement = place(shard_count, view.placeable(), view.collections.values().map(|v| &v.value));
+        let placement = place_replicas(shard_count, replication.factor, view.placeable(), view.collections.values().map(|v| &v.value));
         if placement.len() < shard_count as usize {
             return Err(Error::NoCapacity);
         }
+        if placement.iter().any(|nodes| nodes.len() < replication.factor as usize) {
+            return Err(Error::Precondition(format!(
+                "replication factor {} needs as many serving nodes; the cluster has {}",
+                replication.factor,
+                placement.iter().map(Vec::len).max().unwrap_or(0)
+            )));
+        }
         // All or nothing: a node known to be down would fail its part.
-        if let Some(e) = placement.iter().find_map(|n| self.pool.liveness().check(n).err()) {
+        if let Some(e) = placement.iter().flatten().find_map(|n| self.pool.liveness().check(n).err()) {
             return Err(e.context(format!("creating collection {name}: nothing was created")));
         }
         let c = Collection {
             name: name.clone(),
             spec,
-            replication: Default::default(),
-            shards: placement.into_iter().map(ShardPlacement::on).collect(),
+            replication,
+            shards: placement.into_iter().map(|nodes| ShardPlacement::on_all(nodes, 1)).collect(),
         };
         let wire_spec = v1::ShardSpec::from(spec);
-        let created = join_all((0..shard_count).map(|i| {
+        let copies: Vec<(u32, NodeId)> = replica_nodes(&c).collect();
+        let created = join_all(copies.iter().map(|(i, node)| {
             let c = &c;
             async move {
-                let node = c.node_of(i);
                 let client = self.client(node)?;
-                let req = v1::CreateShardRequest { shard: Self::shard_id(c, i), spec: Some(wire_spec), epoch: c.shards[i as usize].epoch };
+                let req =
+                    v1::CreateShardRequest { shard: Self::shard_id(c, *i), spec: Some(wire_spec), epoch: c.shards[*i as usize].epoch };
                 self.on_node(node, client.create_shard(req, ADMIN_TIMEOUT)).await
             }
         }))
         .await;
-        if let Some((i, Err(e))) = created.iter().enumerate().find(|(_, r)| r.is_err()) {
-            self.undo_create(&c, (0..shard_count).filter(|&j| created[j as usize].is_ok())).await;
-            return Err(e.clone().context(format!("creating shard {i} on node {}", c.node_of(i as u32))));
+        if let Some((k, Err(e))) = created.iter().enumerate().find(|(_, r)| r.is_err()) {
+            let made = copies.iter().zip(&created).filter(|(_, r)| r.is_ok()).map(|(copy, _)| copy.clone());
+            self.undo_create(&c, made).await;
+            let (i, node) = &copies[k];
+            return Err(e.clone().context(format!("creating shard {i} on node {node}")));
         }
         // Recorded last: a collection in the store always has its shards.
         if let Err(e) = self.meta.create_collection(c.clone()).await {
-            self.undo_create(&c, 0..shard_count).await;
+            self.undo_create(&c, copies.into_iter()).await;
             return Err(Error::from(e).context(format!("creating collection {name}: nothing was created")));
         }
         Ok(info(&c, Vec::new()))
     }
 
-    /// Drops the shards of a create that failed; creation is all or nothing.
-    async fn undo_create(&self, c: &Collection, shards: impl Iterator<Item = u32>) {
-        join_all(shards.map(|j| async move {
-            if let Ok(client) = self.client(c.node_of(j)) {
+    /// Drops the copies of a create that failed; creation is all or nothing.
+    async fn undo_create(&self, c: &Collection, copies: impl Iterator<Item = (u32, NodeId)>) {
+        join_all(copies.map(|(j, node)| async move {
+            if let Ok(client) = self.client(&node) {
                 let req = v1::DropShardRequest { shard: Self::shard_id(c, j) };
                 if let Err(e) = client.drop_shard(req, ADMIN_TIMEOUT).await {
-                    tracing::warn!(collection = %c.name, shard = j, error = %e, "could not undo a shard of a failed create");
+                    tracing::warn!(collection = %c.name, shard = j, %node, error = %e, "could not undo a shard of a failed create");
                 }
             }
         }))
@@ -275,12 +313,12 @@ impl Cluster {
 
     pub async fn drop_collection(&self, name: &str) -> Result<()> {
         let Versioned { value: c, revision } = self.versioned(name)?;
-        let results = join_all((0..c.shard_count()).map(|i| {
+        let copies: Vec<(u32, NodeId)> = replica_nodes(&c).collect();
+        let results = join_all(copies.iter().map(|(i, node)| {
             let c = &c;
             async move {
-                let node = c.node_of(i);
                 let client = self.client(node)?;
-                let req = v1::DropShardRequest { shard: Self::shard_id(c, i) };
+                let req = v1::DropShardRequest { shard: Self::shard_id(c, *i) };
                 match self.on_node(node, client.drop_shard(req, ADMIN_TIMEOUT)).await {
                     Err(e) if e.code() == ErrorCode::NotFound => Ok(()),
                     other => other.map(|_| ()),
@@ -288,8 +326,14 @@ impl Cluster {
             }
         }))
         .await;
-        if let Some(e) = results.into_iter().find_map(Result::err) {
-            return Err(e.context(format!("dropping collection {}", c.name)));
+        for ((i, node), r) in copies.iter().zip(results) {
+            let Err(e) = r else { continue };
+            // An out-of-sync copy is often on a node that is gone: it must
+            // not keep the collection alive. An in-sync one must go.
+            if c.shards[*i as usize].replica(node).is_some_and(|r| r.state == ReplicaState::Active) {
+                return Err(e.context(format!("dropping collection {}", c.name)));
+            }
+            tracing::warn!(collection = %c.name, shard = i, %node, error = %e, "could not drop an out-of-sync replica; its files stay on that node");
         }
         // A copy a move was making (or leaving) is in no placement: drop it
         // too, or it would outlive its collection on that node's disk.
@@ -335,6 +379,7 @@ impl Cluster {
             .map(|(i, p)| v1::ShardInfo {
                 shard: i as u32,
                 node: p.node().to_string(),
+                replicas: shoal_control::conversions::replicas_info(p),
                 epoch: p.epoch,
                 moving: p.moving.as_ref().map(|m| crate::moves::move_info(&c.name, i as u32, m, m.phase.as_str())),
                 ..Default::default()
@@ -371,17 +416,40 @@ impl Cluster {
         Fut: Future<Output = Result<T, ShoalError>>,
     {
         use futures::StreamExt;
+        let f = &f;
         let calls = (0..c.shard_count()).map(|i| {
-            let node = c.node_of(i).clone();
-            let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = %node);
-            // Made inside the span, so the call carries its trace context.
-            let call = span.in_scope(|| self.client(&node).map(|cl| f(cl, Self::shard_id(c, i), timeout)));
+            // The in-sync replicas, least busy first: the next one is
+            // asked when one fails, within the same deadline.
+            let replicas = self.outstanding.least_busy_first(c.shards[i as usize].in_sync_nodes());
+            let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = tracing::field::Empty);
             async move {
-                let r = match call {
-                    Ok(fut) => self.on_node(&node, fut).await,
-                    Err(e) => Err(e),
-                };
-                (i, node, r)
+                let started = tokio::time::Instant::now();
+                let mut last = None;
+                for node in replicas {
+                    let left = timeout.saturating_sub(started.elapsed());
+                    if last.is_some() && left.is_zero() {
+                        break;
+                    }
+                    tracing::Span::current().record("node", tracing::field::display(&node));
+                    let _tracked = self.outstanding.track(&node);
+                    // Made inside the span, so the call carries its trace context.
+                    let r = match self.client(&node).map(|cl| f(cl, Self::shard_id(c, i), left)) {
+                        Ok(fut) => self.on_node(&node, fut).await,
+                        Err(e) => Err(e),
+                    };
+                    match r {
+                        Ok(v) => return (i, node, Ok(v)),
+                        // The request's own fault: another replica says the same.
+                        Err(e) if matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::ResourceExhausted) => {
+                            return (i, node, Err(e));
+                        }
+                        Err(e) => last = Some((node, e)),
+                    }
+                }
+                match last {
+                    Some((node, e)) => (i, node, Err(e)),
+                    None => (i, c.node_of(i).clone(), Err(Error::Internal(format!("shard {i} has no replica in sync")))),
+                }
             }
             .instrument(span)
         });
@@ -428,8 +496,13 @@ impl Cluster {
         // Fail before anything is sent when a node is known to be down:
         // otherwise the parts for the nodes that answer would commit and
         // the caller would hold a half-applied write.
+        // (A shard with other replicas in sync writes to those instead.)
         for (i, _) in &targets {
-            let node = c.node_of(*i);
+            let p = &c.shards[*i as usize];
+            if p.in_sync().nth(1).is_some() {
+                continue;
+            }
+            let node = p.node();
             if let Err(e) = self.client(node).and_then(|_| self.pool.liveness().check(node)) {
                 return Err(e.context(format!("shard {i}: nothing was written")));
             }
@@ -446,10 +519,11 @@ impl Cluster {
                 // Fencing: a node that has been told of a newer placement
                 // (a move) refuses this write instead of acknowledging it.
                 epoch: c.shards[i as usize].epoch,
+                return_entry: false,
             };
             let placement = c.shards[i as usize].clone();
-            let name = &c.name;
-            async move { self.apply_part(name, i, placement, req, deadline).await.map(|a| (i, a)) }.instrument(span)
+            let (name, min_in_sync) = (&c.name, c.replication.min_in_sync);
+            async move { self.apply_replicated(name, i, placement, req, min_in_sync, deadline).await.map(|a| (i, a)) }.instrument(span)
         });
         let mut w = Written::default();
         let mut committed = Vec::new();
@@ -480,47 +554,9 @@ impl Cluster {
         Err(first.context(format!("the write is incomplete (shards {} committed their parts): retry it", done.join(", "))))
     }
 
-    /// Applies one shard's part where `placement` says, following the
-    /// shard if it moved: a node that refuses the write because it knows a
-    /// newer epoch (FAILED_PRECONDITION) means this coordinator's view is
-    /// behind, so the part waits for a view with a newer placement and goes
-    /// there, within the write's deadline. A refused write changed nothing
-    /// (the epoch is checked before anything is applied), so sending the
-    /// part again cannot apply it twice; a sourced part is exactly-once by
-    /// its offset anyway.
-    async fn apply_part(
-        &self,
-        collection: &CollectionName,
-        shard: u32,
-        mut placement: ShardPlacement,
-        mut req: v1::ApplyBatchRequest,
-        deadline: tokio::time::Instant,
-    ) -> Result<v1::ApplyBatchResponse> {
-        loop {
-            let node = placement.node().clone();
-            let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let client = self.client(&node).map_err(|e| e.context(format!("shard {shard}")))?;
-            let e = match self.on_node(&node, client.apply_batch(req.clone(), timeout)).await {
-                Ok(a) => return Ok(a),
-                Err(e) => e,
-            };
-            if e.code() != ErrorCode::FailedPrecondition {
-                return Err(e.context(format!("shard {shard} on node {node}")));
-            }
-            tracing::info!(%collection, shard, %node, epoch = placement.epoch, "shard refused a write with an older epoch; waiting for its new placement");
-            placement = self.newer_placement(collection, shard, placement.epoch, deadline).await.map_err(|_| Error::ShardMoving {
-                collection: collection.clone(),
-                shard,
-                node: node.clone(),
-                epoch: placement.epoch,
-            })?;
-            req.epoch = placement.epoch;
-        }
-    }
-
     /// Waits until the store's view places `shard` at an epoch above
     /// `epoch` (asking the store itself first), or the deadline passes.
-    async fn newer_placement(
+    pub(crate) async fn newer_placement(
         &self,
         collection: &CollectionName,
         shard: u32,

@@ -79,6 +79,10 @@ pub enum Error {
     /// or still a member, a move already recorded, no snapshot).
     #[error("{0}")]
     Precondition(String),
+    /// Fewer replicas of a shard in sync than its collection's minimum: a
+    /// write is refused rather than acknowledged by fewer copies.
+    #[error("shard {shard} of {collection} has {in_sync} replicas in sync, fewer than the {min} its writes need")]
+    TooFewInSync { collection: CollectionName, shard: u32, in_sync: u32, min: u32 },
     /// Something this coordinator started was undone (a move rolled back,
     /// a recovery overtaken).
     #[error("{0}")]
@@ -104,9 +108,12 @@ impl Error {
             Error::TooLarge(_) => ErrorCode::ResourceExhausted,
             Error::CollectionNotFound(_) | Error::NotFound(_) => ErrorCode::NotFound,
             Error::CollectionExists(_) | Error::RestoreOverExisting(_) => ErrorCode::AlreadyExists,
-            Error::NodeUnavailable { .. } | Error::NoCapacity | Error::NoNodes | Error::ShardMoving { .. } | Error::Contended { .. } => {
-                ErrorCode::Unavailable
-            }
+            Error::NodeUnavailable { .. }
+            | Error::NoCapacity
+            | Error::NoNodes
+            | Error::ShardMoving { .. }
+            | Error::Contended { .. }
+            | Error::TooFewInSync { .. } => ErrorCode::Unavailable,
             Error::ShardsUnanswered { all_late: true, .. } => ErrorCode::DeadlineExceeded,
             Error::ShardsUnanswered { all_late: false, .. } => ErrorCode::Unavailable,
             // The store's own mapping (Conflict is UNAVAILABLE, ...).
@@ -124,7 +131,8 @@ impl Error {
     /// a client never has to guess how soon to come back.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Error::NodeUnavailable { .. } | Error::Contended { .. } => Some(Duration::from_secs(1)),
+            // A replica rejoins once it has caught up, or is repaired.
+            Error::NodeUnavailable { .. } | Error::Contended { .. } | Error::TooFewInSync { .. } => Some(Duration::from_secs(1)),
             // Adding or undraining a node takes a while.
             Error::NoCapacity | Error::NoNodes => Some(Duration::from_secs(5)),
             // A move's switch is a conditional write away.
@@ -190,6 +198,7 @@ mod tests {
             (Error::NotFound("node n9 is not a member".into()), Code::NotFound),
             (*gone(), Code::Unavailable),
             (Error::NoCapacity, Code::Unavailable),
+            (Error::TooFewInSync { collection: name("docs"), shard: 1, in_sync: 1, min: 2 }, Code::Unavailable),
             (Error::NoNodes, Code::Unavailable),
             (Error::ShardMoving { collection: name("docs"), shard: 0, node: node("n0"), epoch: 2 }, Code::Unavailable),
             (Error::Contended { collection: name("docs"), shard: 0, attempts: 20 }, Code::Unavailable),

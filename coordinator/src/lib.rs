@@ -12,13 +12,16 @@ pub mod liveness;
 pub mod merge;
 mod mover;
 pub(crate) mod moves;
+pub mod outstanding;
 pub mod pool;
 mod recover;
+mod replica_writes;
 pub mod routing;
 pub mod server;
 pub mod service;
 pub mod snapshots;
 pub mod validate;
+mod verify;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use config::CoordinatorConfig;

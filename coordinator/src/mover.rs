@@ -46,8 +46,8 @@ const BACKOFF: Duration = Duration::from_secs(10);
 enum Task {
     /// Carry out (or finish) the move recorded for this shard.
     Move(CollectionName, u32),
-    /// Record a move for this shard of a draining node.
-    Drain(CollectionName, u32),
+    /// Record a move of this shard's copy on a draining node.
+    Drain(CollectionName, u32, NodeId),
 }
 
 /// The controller's loop; runs until dropped (leadership lost or the
@@ -100,10 +100,10 @@ pub(crate) async fn lead(cluster: Arc<Cluster>) {
                 Ok(None) => Ok(()),
                 Err(e) => Err(e),
             },
-            Task::Drain(name, shard) => cluster.record_move(name, *shard, None).await.map(|_| ()),
+            Task::Drain(name, shard, from) => cluster.record_move(name, *shard, Some(from), None).await.map(|_| ()),
         };
         if let Err(e) = result {
-            let (Task::Move(name, shard) | Task::Drain(name, shard)) = task;
+            let (Task::Move(name, shard) | Task::Drain(name, shard, _)) = task;
             tracing::warn!(collection = %name, shard, error = %e, "controller: shard move failed; retrying in {BACKOFF:?} if still wanted");
             failed.insert((name, shard), Instant::now() + BACKOFF);
         }
@@ -135,7 +135,7 @@ fn next_task(view: &shoal_control::metadata::View, backed_off: impl Fn(&Collecti
         for (name, shard) in holdings(view, node) {
             let moving = view.collections[&name].value.shards[shard as usize].moving.is_some();
             if !moving && !backed_off(&name, shard) {
-                return Some(Task::Drain(name, shard));
+                return Some(Task::Drain(name, shard, node.clone()));
             }
         }
     }
@@ -257,10 +257,12 @@ impl Cluster {
                 return Err(aborted(name, shard, "another controller took the move over"));
             }
             let moving = Some(ShardMove { phase: MovePhase::Switched, attempt, ..m.clone() });
-            // The moved copy takes the source's place; other replicas stay.
+            // The moved copy takes the source's place in the list (a moved
+            // primary stays the primary); the other replicas stay as they are.
             let mut replicas = p.replicas.clone();
-            replicas.retain(|r| r.node != m.from && r.node != m.to);
-            replicas.insert(0, Replica::active(m.to.clone()));
+            for r in replicas.iter_mut().filter(|r| r.node == m.from) {
+                *r = Replica::active(m.to.clone());
+            }
             Ok(Some(ShardPlacement { replicas, epoch, moving }))
         })
         .await?;
@@ -435,7 +437,7 @@ mod tests {
         let v = view(vec![ShardPlacement::on(node("n0")), moving("n1", "n2", MovePhase::Copying)], &["n0"]);
         assert_eq!(next_task(&v, none), Some(Task::Move(docs.clone(), 1)));
         let v = view(vec![ShardPlacement::on(node("n1")), ShardPlacement::on(node("n0"))], &["n0"]);
-        assert_eq!(next_task(&v, none), Some(Task::Drain(docs.clone(), 1)));
+        assert_eq!(next_task(&v, none), Some(Task::Drain(docs.clone(), 1, node("n0"))));
         assert_eq!(next_task(&v, |_, s| s == 1), None, "a backed-off shard waits");
         assert_eq!(next_task(&view(vec![ShardPlacement::on(node("n1"))], &["n0"]), none), None);
     }

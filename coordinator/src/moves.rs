@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use shoal_control::metadata::{MetaError, PlannedMove, View, place, rebalance};
-use shoal_control::model::{Collection, MovePhase, ShardMove, ShardPlacement};
+use shoal_control::model::{Collection, MovePhase, ReplicaState, ShardMove, ShardPlacement};
 use shoal_proto::{CollectionName, NodeId, v1};
 
 use crate::cluster::Cluster;
@@ -64,10 +64,17 @@ impl Cluster {
         Err(Error::Contended { collection: name.clone(), shard, attempts: CONFLICT_RETRIES })
     }
 
-    /// Records a move of shard `shard` of `name` to `to` (or to the serving
-    /// node holding the fewest shards). Asking again for a move that is
-    /// already recorded returns it.
-    pub(crate) async fn record_move(&self, name: &CollectionName, shard: u32, to: Option<&NodeId>) -> Result<ShardMove> {
+    /// Records a move of shard `shard` of `name` from the copy on `from`
+    /// (default: the primary) to `to` (default: the serving node holding
+    /// the fewest shards). Asking again for a move that is already recorded
+    /// returns it.
+    pub(crate) async fn record_move(
+        &self,
+        name: &CollectionName,
+        shard: u32,
+        from: Option<&NodeId>,
+        to: Option<&NodeId>,
+    ) -> Result<ShardMove> {
         let recorded = self
             .change_shard(name, shard, |p, view| {
                 if let Some(m) = &p.moving {
@@ -79,7 +86,19 @@ impl Cluster {
                         m.from, m.to
                     )));
                 }
-                let from = p.node().clone();
+                let from = from.unwrap_or(p.node()).clone();
+                match p.replica(&from) {
+                    None => return Err(Error::Invalid(format!("node {from} holds no copy of shard {shard} of {name}"))),
+                    // Its copy may lack acknowledged batches: copying it
+                    // would spread that.
+                    Some(r) if r.state != ReplicaState::Active => {
+                        return Err(Error::Precondition(format!(
+                            "the copy of shard {shard} of {name} on {from} is {}, not in sync: it is not moved",
+                            r.state.as_str()
+                        )));
+                    }
+                    Some(_) => {}
+                }
                 if view.member(&from).is_none() {
                     return Err(Error::Precondition(format!(
                         "node {from}, which holds shard {shard} of {name}, is not a member (down or gone): a move copies from it; \
@@ -122,13 +141,17 @@ impl Cluster {
     }
 
     pub async fn move_shard(&self, req: v1::MoveShardRequest, caller: Option<Duration>) -> Result<v1::MoveShardResponse> {
-        let v1::MoveShardRequest { collection, shard, to_node, wait } = req;
+        let v1::MoveShardRequest { collection, shard, to_node, wait, from_node } = req;
         let name = CollectionName::parse(&collection)?;
         let to = match to_node.as_str() {
             "" => None,
             t => Some(NodeId::parse(t)?),
         };
-        let m = self.record_move(&name, shard, to.as_ref()).await?;
+        let from = match from_node.as_str() {
+            "" => None,
+            f => Some(NodeId::parse(f)?),
+        };
+        let m = self.record_move(&name, shard, from.as_ref(), to.as_ref()).await?;
         if !wait {
             return Ok(v1::MoveShardResponse { r#move: Some(move_info(&name, shard, &m, m.phase.as_str())) });
         }
@@ -244,7 +267,7 @@ impl Cluster {
         }
         let mut recorded = Vec::with_capacity(plan.len());
         for m in &plan {
-            let r = self.record_move(&m.collection, m.shard, Some(&m.to)).await?;
+            let r = self.record_move(&m.collection, m.shard, Some(&m.from), Some(&m.to)).await?;
             recorded.push((m.collection.clone(), m.shard, r));
         }
         tracing::info!(moves = recorded.len(), "rebalance recorded");

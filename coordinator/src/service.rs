@@ -211,4 +211,8 @@ impl Shoal for ShoalService {
     async fn recover_shard(&self, r: Request<v1::RecoverShardRequest>) -> Result<Response<v1::RecoverShardResponse>, Status> {
         Ok(Response::new(self.cluster.recover_shard(r.into_inner()).await?))
     }
+
+    async fn verify_shard(&self, r: Request<v1::VerifyShardRequest>) -> Result<Response<v1::VerifyShardResponse>, Status> {
+        Ok(Response::new(self.cluster.verify_shard(r.into_inner()).await?))
+    }
 }

@@ -90,6 +90,7 @@ async fn run_async(a: Args) -> Result<()> {
             metric: metric as i32,
             shard_count: a.shards,
             index: Some(v1::IndexParams { m: 16, ef_construction: 100 }),
+            ..Default::default()
         })
         .await?;
 

@@ -164,6 +164,7 @@ async fn cancel(a: &Args, dir: &Path) -> Result<Value> {
         metric: v1::Metric::Cosine as i32,
         shard_count: 3,
         index: None,
+        ..Default::default()
     })
     .await?;
     let ingest = fill(&mut c, "docs", a, &mut rng).await?;
@@ -235,6 +236,7 @@ async fn hung(a: &Args, dir: &Path) -> Result<Value> {
         metric: v1::Metric::Cosine as i32,
         shard_count: 3,
         index: None,
+        ..Default::default()
     })
     .await?;
     c.upsert(v1::UpsertRequest { collection: "docs".into(), points: random_points(&mut rng, 16, 0..300) }).await?;
@@ -319,6 +321,7 @@ async fn disk_full(a: &Args, dir: &Path) -> Result<Value> {
         metric: v1::Metric::Cosine as i32,
         shard_count: 1,
         index: None,
+        ..Default::default()
     })
     .await?;
     let mut acked = 0;
@@ -340,6 +343,7 @@ async fn disk_full(a: &Args, dir: &Path) -> Result<Value> {
             metric: v1::Metric::Cosine as i32,
             shard_count: 1,
             index: None,
+            ..Default::default()
         })
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -383,6 +387,7 @@ async fn shards(a: &Args, dir: &Path) -> Result<Value> {
                 metric: v1::Metric::Cosine as i32,
                 shard_count: 1024,
                 index: None,
+                ..Default::default()
             })
             .await;
         match r {

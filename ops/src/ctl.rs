@@ -79,8 +79,12 @@ fn print_control_plane(cp: &v1::ControlPlane) {
 
 pub fn print_collection(c: &v1::CollectionInfo) {
     let (m, efc) = c.index.map_or((0, 0), |i| (i.m, i.ef_construction));
+    let replication = match c.replication_factor {
+        0 | 1 => String::new(),
+        f => format!(", {f} replicas (writes need {} in sync)", c.min_in_sync.max(1)),
+    };
     println!(
-        "collection {}: dim {} {} M={m} ef_construction={efc}, {} shards, {} points",
+        "collection {}: dim {} {} M={m} ef_construction={efc}, {} shards{replication}, {} points",
         c.name,
         c.dimension,
         metric_name(c.metric),
@@ -99,5 +103,13 @@ pub fn print_collection(c: &v1::CollectionInfo) {
             s.disk_bytes as f64 / 1048576.0,
             s.epoch
         );
+        // With copies: every one and its state; an out-of-sync one is what
+        // an operator looks for (UNDER-REPLICATED).
+        if s.replicas.len() > 1 || s.replicas.iter().any(|r| r.state != "active") {
+            let list: Vec<String> = s.replicas.iter().map(|r| format!("{} {}", r.node, r.state)).collect();
+            let in_sync = s.replicas.iter().filter(|r| r.state == "active").count() as u32;
+            let under = if in_sync < c.replication_factor.max(1) { "  UNDER-REPLICATED" } else { "" };
+            println!("      replicas: {}{under}", list.join(", "));
+        }
     }
 }

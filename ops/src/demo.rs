@@ -73,6 +73,7 @@ async fn drive(cluster: &EmbeddedCluster, data: &DemoData, args: &DemoArgs) -> a
             metric: v1::Metric::Cosine as i32,
             shard_count: args.shards,
             index: Some(v1::IndexParams { m: 16, ef_construction: 100 }),
+            ..Default::default()
         })
         .await?;
 

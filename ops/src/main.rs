@@ -106,6 +106,12 @@ enum Collections {
         m: u32,
         #[arg(long, default_value_t = 100)]
         ef_construction: u32,
+        /// Full, searchable copies of every shard, on distinct nodes.
+        #[arg(long, default_value_t = 1)]
+        replication_factor: u32,
+        /// Below this many in-sync copies a write is refused (retry hint).
+        #[arg(long, default_value_t = 1)]
+        min_in_sync: u32,
     },
     Drop {
         name: String,
@@ -244,13 +250,11 @@ async fn collections(endpoint: &str, c: Collections) -> anyhow::Result<()> {
             let c = client.describe_collection(v1::DescribeCollectionRequest { name }).await?.into_inner();
             ctl::print_collection(&c);
         }
-        Collections::Create { name, dimension, metric, shards, m, ef_construction } => {
+        Collections::Create { name, dimension, metric, shards, m, ef_construction, replication_factor, min_in_sync } => {
             let metric = ctl::parse_metric(&metric)? as i32;
             let index = Some(v1::IndexParams { m, ef_construction });
-            let c = client
-                .create_collection(v1::CreateCollectionRequest { name, dimension, metric, shard_count: shards, index })
-                .await?
-                .into_inner();
+            let req = v1::CreateCollectionRequest { name, dimension, metric, shard_count: shards, index, replication_factor, min_in_sync };
+            let c = client.create_collection(req).await?.into_inner();
             ctl::print_collection(&c);
         }
         Collections::Drop { name } => {

@@ -41,6 +41,9 @@ pub enum ShardCommand {
         /// Target node (default: the serving node holding the fewest shards).
         #[arg(long)]
         to: Option<String>,
+        /// With replicas: the node whose copy moves (default: the primary).
+        #[arg(long)]
+        from: Option<String>,
         /// Return once the move is recorded.
         #[arg(long)]
         no_wait: bool,
@@ -60,6 +63,13 @@ pub enum ShardCommand {
         /// Snapshot id (default: the shard's latest).
         #[arg(long)]
         snapshot: Option<String>,
+    },
+    /// Check that the replicas of a shard hold the same points: each
+    /// digests its points and offsets; the in-sync ones must agree (exits
+    /// with an error if they do not).
+    Verify {
+        /// `collection/shard`, e.g. `docs/2`.
+        shard: String,
     },
 }
 
@@ -109,9 +119,15 @@ pub async fn node(endpoint: &str, cmd: NodeCommand) -> anyhow::Result<()> {
 pub async fn shard(endpoint: &str, cmd: ShardCommand) -> anyhow::Result<()> {
     let mut client = ctl::connect(endpoint).await?;
     match cmd {
-        ShardCommand::Move { shard, to, no_wait, timeout } => {
+        ShardCommand::Move { shard, to, from, no_wait, timeout } => {
             let (collection, shard) = parse_shard(&shard)?;
-            let req = v1::MoveShardRequest { collection, shard, to_node: to.unwrap_or_default(), wait: !no_wait };
+            let req = v1::MoveShardRequest {
+                collection,
+                shard,
+                to_node: to.unwrap_or_default(),
+                wait: !no_wait,
+                from_node: from.unwrap_or_default(),
+            };
             let r = client.move_shard(timed(req, timeout)).await?.into_inner();
             if let Some(m) = &r.r#move {
                 print_move(m);
@@ -136,6 +152,28 @@ pub async fn shard(endpoint: &str, cmd: ShardCommand) -> anyhow::Result<()> {
             for o in &snap.offsets {
                 println!("  source {}: offset {}", o.source, o.offset);
             }
+        }
+        ShardCommand::Verify { shard } => {
+            let (collection, shard) = parse_shard(&shard)?;
+            let r = client.verify_shard(v1::VerifyShardRequest { collection: collection.clone(), shard }).await?.into_inner();
+            for d in &r.replicas {
+                if d.error.is_empty() {
+                    let offsets: Vec<String> = d.offsets.iter().map(|o| format!("{}@{}", o.source, o.offset)).collect();
+                    println!(
+                        "{:<12} {:<10} points {:<10} digest {}  batch {}  offsets {}",
+                        d.node,
+                        d.state,
+                        d.points,
+                        d.digest.get(..16).unwrap_or(&d.digest),
+                        d.last_seq,
+                        offsets.join(" ")
+                    );
+                } else {
+                    println!("{:<12} {:<10} no answer: {}", d.node, d.state, d.error);
+                }
+            }
+            anyhow::ensure!(r.agree, "{collection}/{shard}: the in-sync replicas DISAGREE (or one did not answer)");
+            println!("{collection}/{shard}: the in-sync replicas agree");
         }
     }
     Ok(())

@@ -328,7 +328,7 @@ impl ShardHost {
     /// epoch is below the shard's is refused with FAILED_PRECONDITION; 0
     /// is an unfenced caller.
     pub async fn apply(&self, req: v1::ApplyBatchRequest) -> Result<v1::ApplyBatchResponse, ShoalError> {
-        let v1::ApplyBatchRequest { shard, source, points, deletes, epoch } = req;
+        let v1::ApplyBatchRequest { shard, source, points, deletes, epoch, return_entry } = req;
         let key = key_of(shard)?;
         let target = self.get(&key)?;
         let mut ops = Vec::with_capacity(points.len() + deletes.len());
@@ -345,20 +345,48 @@ impl ShardHost {
             queue_wait_ms = tracing::field::Empty
         );
         let answer = target.submit(&key, Work::Write(Write::Batch { batch: Batch { ops, source }, epoch })).instrument(span).await?;
-        let Answer::Written(Written::Batch(outcome)) = answer else {
+        let Answer::Written(Written::Batch { outcome, seq }) = answer else {
             return Err(ShoalError::internal(format!("shard {}/{}: the writer answered a batch with something else", key.0, key.1)));
         };
+        let (entry, last_seq) = self.logged(&key, &target, seq.filter(|_| return_entry)).await?;
         Ok(match outcome {
             BatchOutcome::Applied { upserted, deleted, missing } => v1::ApplyBatchResponse {
                 status: v1::BatchStatus::Applied as i32,
                 upserted: upserted as u32,
                 deleted: deleted as u32,
                 missing: missing as u32,
+                seq: seq.unwrap_or(0),
+                last_seq,
+                entry,
             },
             BatchOutcome::Skipped { .. } => {
-                v1::ApplyBatchResponse { status: v1::BatchStatus::Skipped as i32, upserted: 0, deleted: 0, missing: 0 }
+                v1::ApplyBatchResponse { status: v1::BatchStatus::Skipped as i32, last_seq, ..Default::default() }
             }
         })
+    }
+
+    /// The log entry `seq` (if asked for) and the shard's last sequence
+    /// number, read after the batch committed. The entry was written in
+    /// that commit, so it is there unless the log is off; then the replicas
+    /// cannot be fed and that is an error.
+    async fn logged(&self, key: &ShardKey, shard: &Shard, seq: Option<u64>) -> Result<(Option<v1::LogEntry>, u64), ShoalError> {
+        let index = Arc::clone(&shard.index);
+        let (c, s) = (key.0.to_string(), key.1);
+        blocking(move || {
+            let Some(seq) = seq else {
+                let last = index.stats().map_err(|e| shard_engine_error(&c, s, e))?.last_seq;
+                return Ok((None, last));
+            };
+            // Max 1 byte: exactly the one entry (at least one comes back).
+            let read = index.read_log(seq, 1).map_err(|e| shard_engine_error(&c, s, e))?;
+            let entry = read.entries.into_iter().next().filter(|e| e.seq == seq).ok_or_else(|| {
+                ShoalError::failed_precondition(format!(
+                    "shard {c}/{s}: batch {seq} is not in the batch log (is it off? batch_log.max_batches = 0): it cannot be replicated"
+                ))
+            })?;
+            Ok((Some(crate::convert::log_entry_to_proto(entry)), read.last_seq))
+        })
+        .await
     }
 
     /// Searches one shard with one or more queries, for as long as the

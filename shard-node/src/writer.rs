@@ -176,7 +176,7 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
         match result {
             Ok(Ok(answers)) => {
                 for (reply, answer) in replies.into_iter().zip(answers) {
-                    if let Ok(Answer::Written(Written::Batch(BatchOutcome::Applied { upserted, deleted, .. }))) = &answer {
+                    if let Ok(Answer::Written(Written::Batch { outcome: BatchOutcome::Applied { upserted, deleted, .. }, .. })) = &answer {
                         m.points_upserted.add(*upserted as u64, &labels);
                         m.points_deleted.add(*deleted as u64, &labels);
                     }

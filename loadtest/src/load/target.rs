@@ -202,6 +202,7 @@ impl Target {
                 metric: metric as i32,
                 shard_count: a.shards,
                 index,
+                ..Default::default()
             })
             .await
             .map_err(|s| anyhow!("creating collection {:?}: {}: {}", a.collection, code_name(s.code()), s.message()))?;

@@ -163,6 +163,7 @@ async fn duplicate_ids_count_once_and_the_last_offset_is_refused() {
             points: vec![],
             deletes: vec![],
             epoch: 0,
+            return_entry: false,
         })
         .await
         .unwrap_err();

@@ -62,6 +62,7 @@ pub(crate) async fn create(client: &mut ShoalClient<Channel>, name: &str, dim: u
             metric: metric as i32,
             shard_count: shards,
             index: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -27,8 +27,13 @@ async fn a_fenced_shard_refuses_stale_writes_and_the_coordinator_follows_the_new
     let store: Arc<dyn MetadataStore> = Arc::new(InMemoryStore::new(vec![member]));
     let connector = GrpcConnector { max_message_bytes: 64 << 20, peers: PeerSettings::default() };
     let cluster = Cluster::new(Arc::clone(&store), Box::new(connector), ClusterOptions::default());
-    let create =
-        v1::CreateCollectionRequest { name: "docs".into(), dimension: 8, metric: v1::Metric::Cosine as i32, shard_count: 1, index: None };
+    let create = v1::CreateCollectionRequest {
+        name: "docs".into(),
+        dimension: 8,
+        metric: v1::Metric::Cosine as i32,
+        shard_count: 1,
+        ..Default::default()
+    };
     cluster.create_collection(create).await.unwrap();
     cluster.write("docs", points(&mut rng, 8, 0..10), vec![], None, None).await.unwrap();
 

@@ -10,6 +10,7 @@ mod durability;
 mod fencing;
 mod membership;
 mod moves;
+mod replicas;
 mod runbooks;
 mod search;
 mod snapshots;

@@ -35,7 +35,13 @@ async fn until(store: &Arc<dyn MetadataStore>, what: &str, within: Duration, ok:
 }
 
 fn create(name: &str, shards: u32) -> v1::CreateCollectionRequest {
-    v1::CreateCollectionRequest { name: name.into(), dimension: 8, metric: v1::Metric::Cosine as i32, shard_count: shards, index: None }
+    v1::CreateCollectionRequest {
+        name: name.into(),
+        dimension: 8,
+        metric: v1::Metric::Cosine as i32,
+        shard_count: shards,
+        ..Default::default()
+    }
 }
 
 fn search(collection: &str, allow_partial: bool) -> SearchQuery {

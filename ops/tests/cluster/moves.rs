@@ -153,7 +153,13 @@ async fn a_shard_moves_under_ingest_and_search_without_a_failure_or_a_lost_point
     tokio::time::sleep(Duration::from_millis(300)).await;
     let moved = t
         .client
-        .move_shard(v1::MoveShardRequest { collection: "docs".into(), shard: 0, to_node: "shard-2".into(), wait: true })
+        .move_shard(v1::MoveShardRequest {
+            collection: "docs".into(),
+            shard: 0,
+            to_node: "shard-2".into(),
+            wait: true,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -200,6 +206,7 @@ async fn bad_move_requests_are_refused_and_change_nothing() {
         shard,
         to_node: to.into(),
         wait: true,
+        ..Default::default()
     };
     let cases = [
         (mv("docs", 0, "shard-9"), tonic::Code::NotFound, "node shard-9 is not a member (members: shard-0, shard-1, shard-2)"),

@@ -88,6 +88,7 @@ pub(crate) async fn create(
         metric: v1::Metric::Cosine as i32,
         shard_count: shards,
         index: None,
+        ..Default::default()
     };
     Ok(client.create_collection(req).await?.into_inner())
 }

@@ -117,7 +117,7 @@ pub(crate) fn etcd_a_move_survives_the_death_of_its_controller() -> anyhow::Resu
 
         // Record the move through the survivor, without waiting; SIGKILL
         // the controller as soon as it starts copying.
-        let req = v1::MoveShardRequest { collection: "docs".into(), shard: 0, to_node: target.clone(), wait: false };
+        let req = v1::MoveShardRequest { collection: "docs".into(), shard: 0, to_node: target.clone(), wait: false, ..Default::default() };
         survivor.move_shard(req).await?;
         let deadline = Instant::now() + Duration::from_secs(10);
         while !log_of(&fx, &killed.id).contains("shard move: copying") {
@@ -316,7 +316,8 @@ pub(crate) fn etcd_a_move_whose_target_dies_is_rolled_back() -> anyhow::Result<(
 
         // A caller that waits for the move.
         let mut waiter = client.clone();
-        let req = v1::MoveShardRequest { collection: "docs".into(), shard: 0, to_node: target.id.clone(), wait: true };
+        let req =
+            v1::MoveShardRequest { collection: "docs".into(), shard: 0, to_node: target.id.clone(), wait: true, ..Default::default() };
         let waiting = tokio::spawn(async move { waiter.move_shard(req).await });
         let deadline = Instant::now() + Duration::from_secs(10);
         while !log_of(&fx, &fx.cluster.coordinator.id).contains("shard move: copying") {
@@ -379,7 +380,8 @@ pub(crate) fn etcd_a_move_whose_source_dies_is_rolled_back_and_recovered() -> an
         let target = fx.cluster.nodes.iter().find(|n| n.id != before.node).expect("another node");
 
         let mut waiter = client.clone();
-        let req = v1::MoveShardRequest { collection: "docs".into(), shard: 0, to_node: target.id.clone(), wait: true };
+        let req =
+            v1::MoveShardRequest { collection: "docs".into(), shard: 0, to_node: target.id.clone(), wait: true, ..Default::default() };
         let waiting = tokio::spawn(async move { waiter.move_shard(req).await });
         // Kill the source as soon as the controller starts copying from it.
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -123,7 +123,13 @@ pub enum Write {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Written {
     /// The batch was applied or skipped.
-    Batch(BatchOutcome),
+    Batch {
+        /// What it did.
+        outcome: BatchOutcome,
+        /// The sequence number it took in the shard (its batch log
+        /// entry's), if it was applied.
+        seq: Option<u64>,
+    },
     /// The shard's epoch is now `epoch`.
     Fenced {
         /// The epoch after the fence.

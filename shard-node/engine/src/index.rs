@@ -393,7 +393,7 @@ impl Index {
     /// nothing.
     pub fn apply_fenced(&self, batch: Batch, epoch: u64) -> Result<BatchOutcome> {
         match self.write_one(Item { batch, kind: Kind::Fresh, epoch })? {
-            Done::Batch(outcome) => Ok(outcome),
+            Done::Batch(outcome, _) => Ok(outcome),
             Done::Fenced { .. } | Done::Replayed { .. } => Err(self.mixed_up()),
         }
     }
@@ -406,7 +406,7 @@ impl Index {
     pub fn fence(&self, epoch: u64) -> Result<u64> {
         match self.write_one(Item { batch: Batch::default(), kind: Kind::Fence, epoch })? {
             Done::Fenced { epoch } => Ok(epoch),
-            Done::Batch(_) | Done::Replayed { .. } => Err(self.mixed_up()),
+            Done::Batch(..) | Done::Replayed { .. } => Err(self.mixed_up()),
         }
     }
 
@@ -419,7 +419,7 @@ impl Index {
         Ok(outcomes
             .into_iter()
             .map(|o| match o {
-                Ok(Written::Batch(outcome)) => Ok(outcome),
+                Ok(Written::Batch { outcome, .. }) => Ok(outcome),
                 // Only batches were written.
                 Ok(Written::Fenced { epoch }) => Err(Rejected::EpochLowered { current: epoch, requested: 0 }),
                 Err(e) => Err(e),
@@ -444,7 +444,7 @@ impl Index {
         Ok(done
             .into_iter()
             .map(|d| match d? {
-                Done::Batch(outcome) => Ok(Written::Batch(outcome)),
+                Done::Batch(outcome, seq) => Ok(Written::Batch { outcome, seq }),
                 Done::Fenced { epoch } => Ok(Written::Fenced { epoch }),
                 // Only batches and fences were written.
                 Done::Replayed { .. } => Err(Rejected::Invalid(InvalidInput::EmptyBatch)),
@@ -476,7 +476,7 @@ impl Index {
             match d? {
                 Done::Replayed { skipped: true } => skipped += 1,
                 Done::Replayed { skipped: false } => applied += 1,
-                Done::Batch(_) | Done::Fenced { .. } => return Err(self.mixed_up()),
+                Done::Batch(..) | Done::Fenced { .. } => return Err(self.mixed_up()),
             }
         }
         Ok(LogApplied { last_seq, applied, skipped })

@@ -39,9 +39,14 @@ pub(crate) struct Item {
 /// What an accepted item did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Done {
-    Batch(BatchOutcome),
-    Fenced { epoch: u64 },
-    Replayed { skipped: bool },
+    /// A batch's outcome, and the sequence number it took if applied.
+    Batch(BatchOutcome, Option<u64>),
+    Fenced {
+        epoch: u64,
+    },
+    Replayed {
+        skipped: bool,
+    },
 }
 
 /// Checks an item's batch on its own and brings its vectors into stored
@@ -248,7 +253,7 @@ pub(crate) fn resolve<'b>(
                     };
                     if let Some(current) = current.filter(|&c| s.offset <= c) {
                         epoch = raised;
-                        outcomes.push(Ok(Done::Batch(BatchOutcome::Skipped { current })));
+                        outcomes.push(Ok(Done::Batch(BatchOutcome::Skipped { current }, None)));
                         continue;
                     }
                 }
@@ -337,7 +342,7 @@ pub(crate) fn resolve<'b>(
         logged.push(Logged { seq: last_seq, item: b, upserts: upserts.into_iter().map(|(_, op)| op).collect(), deletes });
         outcomes.push(Ok(match item.kind {
             Kind::Replay(_) => Done::Replayed { skipped: false },
-            Kind::Fresh | Kind::Fence => Done::Batch(BatchOutcome::Applied { upserted, deleted, missing }),
+            Kind::Fresh | Kind::Fence => Done::Batch(BatchOutcome::Applied { upserted, deleted, missing }, Some(last_seq)),
         }));
     }
 
@@ -413,7 +418,7 @@ mod tests {
             .outcomes
             .iter()
             .map(|o| match o {
-                Ok(Done::Batch(b)) => Ok(b.clone()),
+                Ok(Done::Batch(b, _)) => Ok(b.clone()),
                 Err(Rejected::Invalid(e)) => Err(e.clone()),
                 other => panic!("unexpected outcome {other:?}"),
             })

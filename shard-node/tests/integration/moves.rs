@@ -70,7 +70,49 @@ fn batch(n: u32, source: Option<(&str, u64)>, points: Vec<v1::Point>, deletes: V
         points,
         deletes,
         epoch,
+        return_entry: false,
     }
+}
+
+/// A replicated shard's primary returns the log entry each batch became,
+/// which the other replicas apply: the same entry its log holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_returns_the_log_entry_it_became() {
+    let mut rng = rng("a_batch_returns_the_log_entry_it_became");
+    let dir = tempfile::tempdir().unwrap();
+    let (a, mut ca) = node(dir.path(), "a", 64 << 20).await;
+    let (b, mut cb) = node(dir.path(), "b", 64 << 20).await;
+    for c in [&mut ca, &mut cb] {
+        c.create_shard(v1::CreateShardRequest { shard: shard(0), spec: spec(), epoch: 1 }).await.unwrap();
+    }
+    for offset in 1..=3u64 {
+        let mut req = batch(0, Some(("job", offset)), points(&mut rng, offset * 10..offset * 10 + 10), vec![offset * 10 - 5], 1);
+        req.return_entry = true;
+        let r = ca.apply_batch(req).await.unwrap().into_inner();
+        let entry = r.entry.clone().expect("the entry, as asked");
+        assert_eq!((r.seq, r.last_seq, entry.seq), (offset, offset, offset));
+        let logged = ca.read_batch_log(v1::ReadBatchLogRequest { shard: shard(0), from_seq: offset, max_bytes: 1 }).await.unwrap();
+        assert_eq!(logged.into_inner().entries[0], entry);
+        cb.apply_log_entries(v1::ApplyLogEntriesRequest { shard: shard(0), epoch: 1, entries: vec![entry] }).await.unwrap();
+    }
+    // A replay is skipped: no entry, and where the log stands.
+    let mut replay = batch(0, Some(("job", 2)), points(&mut rng, 0..1), vec![], 1);
+    replay.return_entry = true;
+    let r = ca.apply_batch(replay).await.unwrap().into_inner();
+    assert_eq!((r.status, r.seq, r.last_seq, r.entry), (v1::BatchStatus::Skipped as i32, 0, 3, None));
+    // Not asked: no entry, still the sequence number.
+    let r = ca.apply_batch(batch(0, None, points(&mut rng, 90..91), vec![], 1)).await.unwrap().into_inner();
+    assert_eq!((r.seq, r.entry), (4, None));
+    // The follower that applied entries 1 to 3 holds what the primary held then.
+    let digest = |c: &mut ShardNodeClient<Channel>| {
+        let mut c = c.clone();
+        async move { c.digest_shard(v1::DigestShardRequest { shard: shard(0) }).await.unwrap().into_inner() }
+    };
+    let db = digest(&mut cb).await;
+    // 30 points, of which batches 2 and 3 deleted one each (batch 1 missed id 5).
+    assert_eq!((db.points, db.last_seq), (28, 3));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
 }
 
 async fn stats(client: &mut ShardNodeClient<Channel>, n: u32) -> v1::ShardStats {

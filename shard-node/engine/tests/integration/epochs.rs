@@ -101,13 +101,23 @@ fn a_fence_in_a_group_takes_effect_where_it_stands() {
             Write::Batch { batch: random_batch(&mut rng, dim, 40..50), epoch: 2 },
         ])
         .unwrap();
-    assert!(matches!(outcomes[0], Ok(Written::Batch(BatchOutcome::Applied { .. }))));
+    assert!(matches!(outcomes[0], Ok(Written::Batch { outcome: BatchOutcome::Applied { .. }, .. })));
     assert_eq!(outcomes[1], Ok(Written::Fenced { epoch: 2 }));
     assert_eq!(outcomes[2], Err(Rejected::StaleEpoch { current: 2, carried: 1 }));
-    assert!(matches!(outcomes[3], Ok(Written::Batch(BatchOutcome::Applied { .. }))));
+    assert!(matches!(outcomes[3], Ok(Written::Batch { outcome: BatchOutcome::Applied { .. }, .. })));
     assert_eq!(outcomes[4], Err(Rejected::EpochLowered { current: 2, requested: 1 }));
-    assert!(matches!(outcomes[5], Ok(Written::Batch(BatchOutcome::Applied { .. }))));
+    assert!(matches!(outcomes[5], Ok(Written::Batch { outcome: BatchOutcome::Applied { .. }, .. })));
     assert_eq!(outcomes[6], Err(Rejected::StaleEpoch { current: 3, carried: 2 }));
+    // The applied batches took consecutive sequence numbers; fences and
+    // refused writes took none.
+    let seqs: Vec<Option<u64>> = outcomes
+        .iter()
+        .map(|o| match o {
+            Ok(Written::Batch { seq, .. }) => *seq,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(seqs, [Some(1), None, None, Some(2), None, Some(3), None]);
     let s = f.index.stats().unwrap();
     assert_eq!((s.epoch, s.live, s.last_seq), (3, 30, 3));
     assert!(f.index.get(15).unwrap().is_none() && f.index.get(45).unwrap().is_none());

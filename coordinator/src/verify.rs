@@ -1,0 +1,80 @@
+//! `VerifyShard`: do the replicas of a shard hold the same points? Each
+//! replica digests its points and offsets from one commit
+//! (`DigestShard`); the active ones must agree. A replica out of sync may
+//! differ, and is shown so an operator sees how far.
+
+use std::time::Duration;
+
+use shoal_proto::v1;
+
+use crate::cluster::Cluster;
+use crate::error::{Error, Result};
+
+/// A digest reads every point: minutes for millions on a network disk.
+const DIGEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+impl Cluster {
+    pub async fn verify_shard(&self, req: v1::VerifyShardRequest) -> Result<v1::VerifyShardResponse> {
+        let c = self.collection(&req.collection)?;
+        let p = c.shards.get(req.shard as usize).ok_or_else(|| Error::NoSuchShard {
+            collection: c.name.clone(),
+            shard: req.shard,
+            shards: c.shard_count(),
+        })?;
+        let id = Some(v1::ShardId { collection: c.name.to_string(), shard: req.shard });
+        let replicas = futures::future::join_all(p.replicas.iter().map(|r| {
+            let id = id.clone();
+            async move {
+                let mut out = v1::ReplicaDigest { node: r.node.to_string(), state: r.state.as_str().to_owned(), ..Default::default() };
+                let answer = match self.client(&r.node) {
+                    Ok(client) => self.on_node(&r.node, client.digest_shard(v1::DigestShardRequest { shard: id }, DIGEST_TIMEOUT)).await,
+                    Err(e) => Err(e),
+                };
+                match answer {
+                    Ok(d) => {
+                        out.points = d.points;
+                        out.digest = d.digest;
+                        out.offsets = d.offsets;
+                        out.last_seq = d.last_seq;
+                    }
+                    Err(e) => out.error = e.to_string(),
+                }
+                out
+            }
+        }))
+        .await;
+        Ok(v1::VerifyShardResponse { agree: active_agree(&replicas), replicas })
+    }
+}
+
+/// Every active replica answered, with one digest and one set of offsets.
+fn active_agree(replicas: &[v1::ReplicaDigest]) -> bool {
+    let mut active = replicas.iter().filter(|r| r.state == "active");
+    let Some(first) = active.next() else { return false };
+    first.error.is_empty() && active.all(|r| r.error.is_empty() && r.digest == first.digest && r.offsets == first.offsets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(state: &str, digest: &str, offset: u64, error: &str) -> v1::ReplicaDigest {
+        v1::ReplicaDigest {
+            state: state.into(),
+            digest: digest.into(),
+            offsets: vec![v1::SourceOffset { source: "job".into(), offset }],
+            error: error.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_active_replicas_must_agree_and_all_must_answer() {
+        assert!(active_agree(&[replica("active", "a", 1, ""), replica("active", "a", 1, "")]));
+        assert!(active_agree(&[replica("active", "a", 1, ""), replica("dead", "b", 0, "")]));
+        assert!(!active_agree(&[replica("active", "a", 1, ""), replica("active", "b", 1, "")]));
+        assert!(!active_agree(&[replica("active", "a", 1, ""), replica("active", "a", 2, "")]));
+        assert!(!active_agree(&[replica("active", "a", 1, ""), replica("active", "", 0, "node n1 went down")]));
+        assert!(!active_agree(&[replica("dead", "a", 1, "")]));
+    }
+}

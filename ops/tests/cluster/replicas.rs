@@ -1,0 +1,234 @@
+//! Replicas (docs/replication.md): a shard's copies agree, a node that
+//! stops costs no search and stops no ingest, and concurrent writers
+//! cannot make two copies commit the same batches in different orders.
+
+use shoal_engine::{Batch, Index, IndexOptions, IndexParams, Metric, SearchParams};
+use shoal_proto::v1;
+use shoal_proto::v1::shoal_client::ShoalClient;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::common::*;
+
+const DIM: u32 = 16;
+
+async fn create_replicated(
+    client: &mut ShoalClient<Channel>,
+    name: &str,
+    shards: u32,
+    factor: u32,
+    min_in_sync: u32,
+) -> v1::CollectionInfo {
+    let req = v1::CreateCollectionRequest {
+        name: name.into(),
+        dimension: DIM,
+        metric: v1::Metric::Euclidean as i32,
+        shard_count: shards,
+        replication_factor: factor,
+        min_in_sync,
+        ..Default::default()
+    };
+    client.create_collection(req).await.unwrap().into_inner()
+}
+
+async fn describe(client: &mut ShoalClient<Channel>, name: &str) -> v1::CollectionInfo {
+    client.describe_collection(v1::DescribeCollectionRequest { name: name.into() }).await.unwrap().into_inner()
+}
+
+async fn verify(client: &mut ShoalClient<Channel>, name: &str, shard: u32) -> v1::VerifyShardResponse {
+    client.verify_shard(v1::VerifyShardRequest { collection: name.into(), shard }).await.unwrap().into_inner()
+}
+
+/// Exact search through the cluster against one engine holding `all`:
+/// every shard answers (no partial results), and the hits are the same.
+async fn assert_exact(client: &mut ShoalClient<Channel>, all: &[v1::Point], rng: &mut rand::rngs::StdRng, when: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let single = Index::open_or_create(dir.path(), IndexParams::new(DIM, Metric::Euclidean), IndexOptions::default()).unwrap();
+    single.apply(Batch::upserts(all.iter().map(|p| (p.id, p.vector.clone())))).unwrap();
+    for _ in 0..10 {
+        let q = vector(rng, DIM as usize);
+        let want: Vec<u64> = single.search(&q, SearchParams::new(10, 2000)).unwrap().iter().map(|h| h.id).collect();
+        let got = client
+            .search(v1::SearchRequest { collection: "docs".into(), vector: q, k: 10, ef: 2000, ..Default::default() })
+            .await
+            .unwrap_or_else(|e| panic!("{when}: search failed: {e:?}"))
+            .into_inner();
+        assert!(!got.partial && got.shards_answered == got.shards_total, "{when}: {got:?}");
+        assert_eq!(got.hits.iter().map(|h| h.id).collect::<Vec<_>>(), want, "{when}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_node_costs_no_search_and_no_ingest() {
+    let mut rng = rng("a_stopped_node_costs_no_search_and_no_ingest");
+    let mut tc = cluster(3).await;
+    let info = create_replicated(&mut tc.client, "docs", 3, 2, 1).await;
+    assert_eq!((info.replication_factor, info.min_in_sync), (2, 1));
+    let info = describe(&mut tc.client, "docs").await;
+    for s in &info.shards {
+        let nodes: Vec<&str> = s.replicas.iter().map(|r| r.node.as_str()).collect();
+        assert!(nodes.len() == 2 && nodes[0] != nodes[1], "shard {}: {nodes:?}", s.shard);
+        assert!(s.replicas.iter().all(|r| r.state == "active"), "{s:?}");
+    }
+
+    let all = points(&mut rng, DIM as usize, 0..1200);
+    let before: Vec<_> = all[..600].chunks(100).enumerate().map(|(i, c)| batch("docs", "job", i as u64 + 1, c.to_vec())).collect();
+    let acks = ingest(&mut tc.client, before).await.unwrap();
+    assert!(acks.iter().all(|a| a.status == v1::BatchStatus::Applied as i32), "{acks:?}");
+    for shard in 0..3 {
+        let v = verify(&mut tc.client, "docs", shard).await;
+        assert!(v.agree && v.replicas.len() == 2, "shard {shard}: {v:?}");
+        assert_eq!(v.replicas[0].last_seq, 6, "every batch reaches every shard (it carries the offset)");
+    }
+    assert_exact(&mut tc.client, &all[..600], &mut rng, "all nodes up").await;
+
+    // shard-1 goes away. Searches go to the other copies at once.
+    tc.cluster.stop_node(1).await.unwrap();
+    assert_exact(&mut tc.client, &all[..600], &mut rng, "shard-1 stopped").await;
+
+    // Ingest goes on: the copies on shard-1 leave the in-sync set.
+    let after: Vec<_> = all[600..].chunks(100).enumerate().map(|(i, c)| batch("docs", "job", i as u64 + 7, c.to_vec())).collect();
+    let acks = ingest(&mut tc.client, after).await.unwrap();
+    assert!(acks.iter().all(|a| a.status == v1::BatchStatus::Applied as i32), "{acks:?}");
+    assert_eq!(points_in(&mut tc.client, "docs").await, 1200);
+    let info = describe(&mut tc.client, "docs").await;
+    for s in &info.shards {
+        for r in &s.replicas {
+            let want = if r.node == "shard-1" { "dead" } else { "active" };
+            assert_eq!(r.state, want, "shard {}: {:?}", s.shard, s.replicas);
+        }
+        assert_ne!(s.node, "shard-1", "the primary is an in-sync copy");
+    }
+    assert_exact(&mut tc.client, &all, &mut rng, "after ingest without shard-1").await;
+
+    // Back, but out of sync: never read, and the in-sync copies agree.
+    tc.cluster.restart_node(1).await.unwrap();
+    assert_exact(&mut tc.client, &all, &mut rng, "shard-1 back, out of sync").await;
+    for shard in 0..3 {
+        let v = verify(&mut tc.client, "docs", shard).await;
+        assert!(v.agree, "shard {shard}: {v:?}");
+        if let Some(stale) = v.replicas.iter().find(|r| r.node == "shard-1") {
+            assert_eq!((stale.state.as_str(), stale.last_seq), ("dead", 6), "it missed batches 7 to 12");
+        }
+    }
+    tc.cluster.shutdown().await.unwrap();
+}
+
+/// Two writers upsert the same ids with different vectors at the same
+/// time. Sent to both copies in parallel, the copies could commit them in
+/// different orders and disagree for good; through the primary's order
+/// they cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_leave_the_copies_equal() {
+    let mut rng = rng("concurrent_writers_leave_the_copies_equal");
+    let mut tc = cluster(2).await;
+    create_replicated(&mut tc.client, "docs", 2, 2, 2).await;
+    let writers: Vec<_> = ["a", "b"]
+        .into_iter()
+        .map(|source| {
+            let batches: Vec<_> = (1..=30).map(|o| batch("docs", source, o, points(&mut rng, DIM as usize, 0..40))).collect();
+            let client = tc.client.clone();
+            tokio::spawn(async move {
+                let mut client = client;
+                let mut acks = Vec::new();
+                // One batch per stream, so the two writers interleave.
+                for b in batches {
+                    acks.extend(ingest(&mut client, vec![b]).await.unwrap());
+                }
+                acks
+            })
+        })
+        .collect();
+    for w in writers {
+        let acks = w.await.unwrap();
+        assert!(acks.iter().all(|a| a.status == v1::BatchStatus::Applied as i32), "{acks:?}");
+    }
+    for shard in 0..2 {
+        let v = verify(&mut tc.client, "docs", shard).await;
+        assert!(v.agree, "shard {shard}: {v:?}");
+        assert_eq!(v.replicas.iter().map(|r| r.last_seq).collect::<Vec<_>>(), [60, 60], "shard {shard}: the same log");
+    }
+    tc.cluster.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_is_checked_and_a_write_below_the_minimum_is_refused() {
+    let mut rng = rng("replication_is_checked_and_a_write_below_the_minimum_is_refused");
+    let mut tc = cluster(2).await;
+    let mut req = v1::CreateCollectionRequest {
+        name: "docs".into(),
+        dimension: DIM,
+        metric: v1::Metric::Euclidean as i32,
+        shard_count: 1,
+        replication_factor: 3,
+        ..Default::default()
+    };
+    let e = tc.client.create_collection(req.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("replication factor 3 needs as many serving nodes; the cluster has 2"), "{}", e.message());
+    req.replication_factor = 2;
+    req.min_in_sync = 3;
+    let e = tc.client.create_collection(req.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(tc.client.list_collections(v1::ListCollectionsRequest {}).await.unwrap().into_inner().collections.is_empty());
+
+    // Both copies needed: with one gone, writes are refused with a hint.
+    create_replicated(&mut tc.client, "docs", 1, 2, 2).await;
+    let acks = ingest(&mut tc.client, vec![batch("docs", "job", 1, points(&mut rng, DIM as usize, 0..50))]).await.unwrap();
+    assert_eq!(acks[0].status, v1::BatchStatus::Applied as i32);
+    tc.cluster.stop_node(1).await.unwrap();
+    let e = ingest(&mut tc.client, vec![batch("docs", "job", 2, points(&mut rng, DIM as usize, 50..100))]).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.metadata().get(shoal_proto::RETRY_AFTER_MS).is_some(), "a retry hint: {e:?}");
+    // Searches still answer from the copy in sync.
+    let found = tc
+        .client
+        .search(v1::SearchRequest { collection: "docs".into(), vector: vector(&mut rng, DIM as usize), k: 5, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((found.hits.len(), found.partial), (5, false));
+    tc.cluster.shutdown().await.unwrap();
+}
+
+/// One copy of a replicated shard moves (the follower, named by its node)
+/// while batches keep coming: the copy that arrives is in sync, the other
+/// copy stays, and the two agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_copy_moves_and_the_copies_agree() {
+    let mut rng = rng("a_follower_copy_moves_and_the_copies_agree");
+    let mut tc = cluster(3).await;
+    create_replicated(&mut tc.client, "docs", 1, 2, 1).await;
+    let before = describe(&mut tc.client, "docs").await.shards.remove(0);
+    let (primary, follower) = (before.replicas[0].node.clone(), before.replicas[1].node.clone());
+    let spare = ["shard-0", "shard-1", "shard-2"].into_iter().find(|n| *n != primary && *n != follower).unwrap().to_owned();
+    let all = points(&mut rng, DIM as usize, 0..800);
+    let first: Vec<_> = all[..400].chunks(100).enumerate().map(|(i, c)| batch("docs", "job", i as u64 + 1, c.to_vec())).collect();
+    ingest(&mut tc.client, first).await.unwrap();
+
+    let mut mover = tc.client.clone();
+    let req = v1::MoveShardRequest { collection: "docs".into(), shard: 0, from_node: follower.clone(), to_node: spare.clone(), wait: true };
+    let moving = tokio::spawn(async move { mover.move_shard(req).await });
+    let rest: Vec<_> = all[400..].chunks(50).enumerate().map(|(i, c)| batch("docs", "job", i as u64 + 5, c.to_vec())).collect();
+    for b in rest {
+        let acks = ingest(&mut tc.client, vec![b]).await.unwrap();
+        assert_eq!(acks[0].status, v1::BatchStatus::Applied as i32);
+    }
+    assert_eq!(moving.await.unwrap().unwrap().into_inner().r#move.unwrap().phase, "done");
+
+    let after = describe(&mut tc.client, "docs").await.shards.remove(0);
+    let mut nodes: Vec<(&str, &str)> = after.replicas.iter().map(|r| (r.node.as_str(), r.state.as_str())).collect();
+    nodes.sort_unstable();
+    let mut want = vec![(primary.as_str(), "active"), (spare.as_str(), "active")];
+    want.sort_unstable();
+    assert_eq!(nodes, want, "the follower's copy went to {spare}; the primary's stayed");
+    let v = verify(&mut tc.client, "docs", 0).await;
+    assert!(v.agree, "{v:?}");
+    assert_eq!(v.replicas[0].points, 800);
+    assert_exact(&mut tc.client, &all, &mut rng, "after the move").await;
+    // Copying from an out-of-sync copy, or one the shard does not have, is refused.
+    let bad = v1::MoveShardRequest { collection: "docs".into(), shard: 0, from_node: follower, to_node: String::new(), wait: true };
+    let e = tc.client.move_shard(bad).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    tc.cluster.shutdown().await.unwrap();
+}
