@@ -14,11 +14,12 @@
 #      named controller;
 #   4. the whole cluster stopped (SIGTERM) and started again: time until
 #      every shard answers;
-#   5. a shard node SIGKILLed: time until its shards are reported down,
-#      until its lease ends, and until `shoalctl shard recover` has them
-#      serving from their snapshot.
+#   5. a shard node SIGKILLed under load: time until its shards are
+#      reported down, until its lease ends, and until `shoalctl shard
+#      recover` has them serving from their snapshot.
 #
 # Usage: loadtest/control-plane-figures.sh [OUT_DIR]  (default bench-out/control-plane)
+#        STEPS="3 5" loadtest/control-plane-figures.sh  (some scenarios only)
 # Needs: etcd on the PATH (Debian: etcd-server), ../shared/datasets/pypi/make.sh,
 #        cargo build --release -p loadtest -p ops -p shoal-shard-node -p shoal-coordinator
 # Prints a summary (also in OUT_DIR/summary.txt); the loadtest reports are
@@ -31,6 +32,8 @@ lt=$bin/shoal-loadtest
 ctl=$bin/shoalctl
 ds=${DATASET:-../shared/datasets/pypi}
 dur=${DURATION:-100}
+steps=" ${STEPS:-1 2 3 4 5} "
+step() { [[ $steps == *" $1 "* ]]; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 data=$(mktemp -d)
@@ -120,11 +123,19 @@ until_true 30 curl -sf "$ETCD/health"
 start_cluster
 until_true 30 nodes_up 4
 
+if step 1; then
 log "1. moving a shard under load"
 load move --collection pypi --create --shards 3 --preload 112000 --duration "${dur}s" \
   --fault "30s:run:$ctl --endpoint $E1 shard move pypi/0"
 "$ctl" --endpoint "$E0" collections drop pypi >/dev/null
+fi
 
+# The 12-shard collection the later scenarios run on: made by scenario 2,
+# or by the first later one when 2 is skipped.
+pypi12=(--collection pypi12)
+if ! step 2; then pypi12+=(--create --shards 12 --preload 112000); fi
+
+if step 2; then
 log "2. draining a node holding 3 shards, then adding a node and rebalancing"
 # The fifth node is started by the run (a hook) and stopped at the end.
 cat >"$data/add-node.sh" <<EOF
@@ -140,7 +151,9 @@ load drain --collection pypi12 --create --shards 12 --preload 112000 --duration 
 "$ctl" --endpoint "$E0" node list | tee -a "$out/summary.txt"
 pid_of[shard-4]=$(cat "$data/shard-4.pid")
 rm "$data/shard-4.pid"
+fi
 
+if step 3; then
 log "3. killing the controller under load"
 cat >"$data/kill-controller.sh" <<EOF
 #!/bin/bash
@@ -159,39 +172,60 @@ until now=\$(controller \$survivor) && [[ -n \$now && \$now != "\$dead" ]]; do s
 echo "controller \$dead killed; \$now took over after \$(awk -v a=\$t0 -v b=\$(date +%s.%N) 'BEGIN { printf "%.2f", b - a }') s"
 EOF
 chmod +x "$data/kill-controller.sh"
-load controller --collection pypi12 --duration 40s --fault "15s:run:$data/kill-controller.sh"
+load controller "${pypi12[@]}" --duration 40s --fault "15s:run:$data/kill-controller.sh"
+pypi12=(--collection pypi12)
 grep -o 'controller [^ ]* killed; .*' "$out/controller.txt" | head -1 | sed 's/^/3. /' | tee -a "$out/summary.txt" || true
+fi
 
+if step 4; then
 log "4. stopping and starting the whole cluster"
 stop_all
 t0=$(now)
 start_cluster
 until_true 120 all_shards_up
 say "4. whole cluster (etcd kept) stopped and started: every shard answers after $(since "$t0") s (process start included)"
+fi
 
-log "5. a shard node killed with SIGKILL, then recovered from snapshots"
-"$ctl" --endpoint "$E0" snapshot create pypi12 >/dev/null
-down_count() { "$ctl" --endpoint "$E0" status | grep -c " DOWN "; }
-held=$("$ctl" --endpoint "$E0" status | grep -c "node shard-2 ")
-kill -9 "${pid_of[shard-2]}"
-unset 'pid_of[shard-2]'
-t0=$(now)
-until_true 30 bash -c "[[ \$('$ctl' --endpoint $E0 status | grep -c ' DOWN ') -eq $held ]]"
-t_down=$(since "$t0")
-until_true 30 bash -c "! '$ctl' --endpoint $E0 node list | grep -q '^shard-2 '"
-t_lease=$(since "$t0")
-t1=$(now)
-for s in $("$ctl" --endpoint "$E0" status | awk '$1 == "collection" { c = $2; sub(":", "", c) } $1 == "shard" && $5 == "DOWN" { print c "/" $2 }'); do
-  "$ctl" --endpoint "$E0" shard recover "$s" >>"$out/recover.txt"
+if step 5; then
+log "5. a shard node killed with SIGKILL under load, then recovered from snapshots"
+cat >"$data/kill-node.sh" <<EOF
+#!/bin/bash
+# SIGKILLs shard-2, waits until its shards are reported DOWN and its lease
+# ends, recovers each from its snapshot; prints the times.
+set -euo pipefail
+ctl="$ctl --endpoint $E0"
+now() { date +%s.%N; }
+since() { awk -v a="\$1" -v b="\$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+held=\$(\$ctl status | grep -c "node shard-2 ")
+kill -9 "\$(pgrep -f -- "--node-id shard-2 --listen")"
+t0=\$(now)
+until [[ \$(\$ctl status | grep -c ' DOWN ') -eq \$held ]]; do sleep 0.05; done
+t_down=\$(since "\$t0")
+while \$ctl node list | grep '^shard-2 ' >/dev/null; do sleep 0.05; done
+t_lease=\$(since "\$t0")
+t1=\$(now)
+for s in \$(\$ctl status | awk '\$1 == "collection" { c = \$2; sub(":", "", c) } \$1 == "shard" && \$5 == "DOWN" { print c "/" \$2 }'); do
+  \$ctl shard recover "\$s" >>"$out/recover.txt"
 done
-until_true 30 all_shards_up
-say "5. shard-2 (held $held shards) SIGKILLed: its shards DOWN after $t_down s, its lease ended after $t_lease s (TTL 10 s); shard recover of all $held took $(since "$t1") s"
+while \$ctl status | grep ' DOWN ' >/dev/null; do sleep 0.05; done
+echo "shard-2 (held \$held shards) SIGKILLed: its shards DOWN after \$t_down s, its lease ended after \$t_lease s (TTL 10 s); shard recover of all \$held took \$(since "\$t1") s"
+EOF
+chmod +x "$data/kill-node.sh"
+load nodekill "${pypi12[@]}" --duration 60s \
+  --fault "10s:run:$ctl --endpoint $E0 snapshot create pypi12" \
+  --fault "25s:run:$data/kill-node.sh"
+unset 'pid_of[shard-2]'
+grep -o 'shard-2 (held .*' "$out/nodekill.txt" | head -1 | sed 's/^/5. under load: /' | tee -a "$out/summary.txt" || true
+fi
 
 python3 - "$out" <<'EOF' | tee -a "$out/summary.txt"
 import json, sys
 out = sys.argv[1]
 def p(x): return f"{x:.1f}"
-for name in ["move", "drain", "controller"]:
+import os
+for name in ["move", "drain", "controller", "nodekill"]:
+    if not os.path.exists(f"{out}/{name}.json"):
+        continue
     r = json.load(open(f"{out}/{name}.json"))
     q = [(row["t"], row["series"].get("query")) for row in r["timeline"]]
     errors = r.get("errors", {})
