@@ -31,7 +31,8 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         shard_nodes: usize,
         /// The (first) coordinator's port; in process, shard nodes take the
-        /// ports after it.
+        /// ports after it. With `--etcd`, 0 gives every coordinator a free
+        /// port (printed when it is up).
         #[arg(long, default_value_t = 7700)]
         port: u16,
         /// etcd endpoint: run separate processes sharing membership and
@@ -207,7 +208,7 @@ async fn dev_processes(
     let mut spec = ClusterSpec::new(Launcher::Roles(std::env::current_exe()?), &data_dir, shard_nodes);
     spec.etcd = Some((etcd.clone(), prefix.clone()));
     spec.coordinators = coordinators;
-    spec.first_coordinator_port = Some(port);
+    spec.first_coordinator_port = (port != 0).then_some(port);
     let cluster = tokio::task::spawn_blocking(move || ProcessCluster::start(&spec)).await??;
     println!("shoal dev cluster up on etcd {etcd} (prefix {prefix}); data, logs and snapshots in {}", data_dir.display());
     for c in std::iter::once(&cluster.coordinator).chain(&cluster.more_coordinators) {

@@ -286,7 +286,12 @@ fn proc_status_kib(pid: i32, key: &str) -> anyhow::Result<u64> {
 
 fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
+    // A backtrace's frames would push the error itself out of the tail.
+    let frame = |l: &str| {
+        let t = l.trim_start();
+        t.starts_with("at ") || t.split_once(": ").is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !frame(l)).collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 

@@ -204,12 +204,32 @@ fn etcd_runbook_a_coordinator_died() {
         .expect("a controller in the status")
         .to_owned();
     let alive = dev.coordinators.iter().find(|(id, _)| **id != controller).map(|(_, url)| url.clone()).unwrap();
+    let dead_listen = dev.coordinators[&controller].trim_start_matches("http://").to_owned();
     dev.kill(&controller);
-    run_runbook("a-coordinator-died.md", &[("SHOAL_ENDPOINT", alive.clone()), ("DEAD", controller.clone())]);
-    // The survivor serves what the dead one created.
-    assert_eq!(points_of(&alive, "docs"), 300);
-    let moved = shoalctl(&alive, &["shard", "move", "docs/0", "--timeout", "60"]);
-    assert!(moved.contains("done"), "the new controller carries out moves: {moved}");
+    let cwd = tempfile::tempdir().unwrap();
+    let env = [
+        ("SHOAL_ENDPOINT", alive.clone()),
+        ("DEAD", controller.clone()),
+        ("DEAD_LISTEN", dead_listen.clone()),
+        ("ETCD", dev.etcd.clone()),
+        ("ETCD_PREFIX", dev.prefix.clone()),
+    ];
+    let ran = std::panic::catch_unwind(|| run_runbook_in("a-coordinator-died.md", &env, cwd.path()));
+    let restarted = std::fs::read_to_string(cwd.path().join(format!("{controller}.pid")));
+    // The survivor serves what the dead one created, and so does the dead
+    // one restarted, which did not take the controller role back.
+    let checked = std::panic::catch_unwind(|| {
+        assert_eq!(points_of(&alive, "docs"), 300);
+        assert_eq!(points_of(&format!("http://{dead_listen}"), "docs"), 300);
+        let moved = shoalctl(&alive, &["shard", "move", "docs/0", "--timeout", "60"]);
+        assert!(moved.contains("done"), "the new controller carries out moves: {moved}");
+    });
+    if let Ok(pid) = restarted {
+        // SAFETY: the process the runbook started.
+        unsafe { libc::kill(pid.trim().parse().unwrap(), libc::SIGKILL) };
+    }
+    ran.unwrap();
+    checked.unwrap();
     dev.interrupt();
 }
 
