@@ -100,7 +100,14 @@ pub(crate) async fn lead(cluster: Arc<Cluster>) {
                 Ok(None) => Ok(()),
                 Err(e) => Err(e),
             },
-            Task::Drain(name, shard, from) => cluster.record_move(name, *shard, Some(from), None).await.map(|_| ()),
+            // A copy out of sync is never read or written: it leaves the
+            // placement rather than being copied (it could spread what it
+            // lacks), and a drain is not held up by it.
+            Task::Drain(name, shard, from) => match cluster.drop_out_of_sync_copy(name, *shard, from).await {
+                Ok(true) => Ok(()),
+                Ok(false) => cluster.record_move(name, *shard, Some(from), None).await.map(|_| ()),
+                Err(e) => Err(e),
+            },
         };
         if let Err(e) = result {
             let (Task::Move(name, shard) | Task::Drain(name, shard, _)) = task;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use shoal_control::metadata::{MetaError, PlannedMove, View, place, rebalance};
 use shoal_control::model::{Collection, MovePhase, ReplicaState, ShardMove, ShardPlacement};
-use shoal_proto::{CollectionName, NodeId, v1};
+use shoal_proto::{CollectionName, ErrorCode, NodeId, v1};
 
 use crate::cluster::Cluster;
 use crate::error::{Error, Result};
@@ -138,6 +138,35 @@ impl Cluster {
                 c.shards[shard as usize].moving.clone().ok_or_else(|| Error::Internal("the move ended while it was recorded".into()))
             }
         }
+    }
+
+    /// Takes the copy of `shard` on `node` out of the placement if it is
+    /// out of sync (dead or recovering) and the shard is not moving; drops
+    /// its files if the node answers. True if it was taken out.
+    pub(crate) async fn drop_out_of_sync_copy(&self, name: &CollectionName, shard: u32, node: &NodeId) -> Result<bool> {
+        let changed = self
+            .change_shard(name, shard, |p, _| match p.replica(node) {
+                Some(r) if r.state != ReplicaState::Active && p.moving.is_none() => {
+                    let mut next = p.clone();
+                    next.replicas.retain(|r| &r.node != node);
+                    Ok(Some(next))
+                }
+                _ => Ok(None),
+            })
+            .await?;
+        if changed.is_none() {
+            return Ok(false);
+        }
+        tracing::info!(collection = %name, shard, %node, "an out-of-sync copy left the placement");
+        if let Ok(client) = self.client(node) {
+            let req = v1::DropShardRequest { shard: Some(v1::ShardId { collection: name.to_string(), shard }) };
+            if let Err(e) = self.on_node(node, client.drop_shard(req, Duration::from_secs(30))).await
+                && e.code() != ErrorCode::NotFound
+            {
+                tracing::warn!(collection = %name, shard, %node, error = %e, "could not drop an out-of-sync copy's files");
+            }
+        }
+        Ok(true)
     }
 
     pub async fn move_shard(&self, req: v1::MoveShardRequest, caller: Option<Duration>) -> Result<v1::MoveShardResponse> {

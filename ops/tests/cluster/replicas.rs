@@ -232,3 +232,36 @@ async fn a_follower_copy_moves_and_the_copies_agree() {
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     tc.cluster.shutdown().await.unwrap();
 }
+
+/// A node that comes back with copies out of sync is drained: those copies
+/// leave the placement (there is nothing in them to move), the in-sync
+/// ones move, and the drain ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_drops_copies_out_of_sync_and_moves_the_others() {
+    let mut rng = rng("a_drain_drops_copies_out_of_sync_and_moves_the_others");
+    let mut tc = cluster(3).await;
+    create_replicated(&mut tc.client, "docs", 3, 2, 1).await;
+    let all = points(&mut rng, DIM as usize, 0..300);
+    ingest(&mut tc.client, vec![batch("docs", "job", 1, all[..150].to_vec())]).await.unwrap();
+    tc.cluster.stop_node(1).await.unwrap();
+    ingest(&mut tc.client, vec![batch("docs", "job", 2, all[150..].to_vec())]).await.unwrap();
+    tc.cluster.restart_node(1).await.unwrap();
+    let held = |info: &v1::CollectionInfo| info.shards.iter().filter(|s| s.replicas.iter().any(|r| r.node == "shard-1")).count();
+    let before = describe(&mut tc.client, "docs").await;
+    assert!(held(&before) >= 1, "shard-1 holds copies: {before:?}");
+
+    // Bounded: a drain held up by a copy it cannot move would wait forever.
+    let mut req = tonic::Request::new(v1::DrainNodeRequest { node: "shard-1".into(), undrain: false, wait: true });
+    req.set_timeout(std::time::Duration::from_secs(60));
+    let drained = tc.client.drain_node(req).await.unwrap().into_inner();
+    assert!(drained.removable, "{drained:?}");
+    let after = describe(&mut tc.client, "docs").await;
+    assert_eq!(held(&after), 0, "{after:?}");
+    for s in &after.shards {
+        assert!(s.replicas.iter().any(|r| r.state == "active"), "{s:?}");
+        let v = verify(&mut tc.client, "docs", s.shard).await;
+        assert!(v.agree, "shard {}: {v:?}", s.shard);
+    }
+    assert_exact(&mut tc.client, &all, &mut rng, "after the drain").await;
+    tc.cluster.shutdown().await.unwrap();
+}
