@@ -348,7 +348,9 @@ impl ShardHost {
         let Answer::Written(Written::Batch { outcome, seq }) = answer else {
             return Err(ShoalError::internal(format!("shard {}/{}: the writer answered a batch with something else", key.0, key.1)));
         };
-        let (entry, last_seq) = self.logged(&key, &target, seq.filter(|_| return_entry)).await?;
+        // Only a replicated shard's primary is asked: an unreplicated write
+        // pays no extra read.
+        let (entry, last_seq) = if return_entry { self.logged(&key, &target, seq).await? } else { (None, 0) };
         Ok(match outcome {
             BatchOutcome::Applied { upserted, deleted, missing } => v1::ApplyBatchResponse {
                 status: v1::BatchStatus::Applied as i32,
@@ -365,16 +367,16 @@ impl ShardHost {
         })
     }
 
-    /// The log entry `seq` (if asked for) and the shard's last sequence
-    /// number, read after the batch committed. The entry was written in
-    /// that commit, so it is there unless the log is off; then the replicas
-    /// cannot be fed and that is an error.
+    /// The log entry `seq` (none for a skipped batch) and the shard's last
+    /// sequence number, read after the batch committed. The entry was
+    /// written in that commit, so it is there unless the log is off; then
+    /// the replicas cannot be fed and that is an error.
     async fn logged(&self, key: &ShardKey, shard: &Shard, seq: Option<u64>) -> Result<(Option<v1::LogEntry>, u64), ShoalError> {
         let index = Arc::clone(&shard.index);
         let (c, s) = (key.0.to_string(), key.1);
         blocking(move || {
             let Some(seq) = seq else {
-                let last = index.stats().map_err(|e| shard_engine_error(&c, s, e))?.last_seq;
+                let last = index.snapshot().map_err(|e| shard_engine_error(&c, s, e))?.last_seq();
                 return Ok((None, last));
             };
             // Max 1 byte: exactly the one entry (at least one comes back).
