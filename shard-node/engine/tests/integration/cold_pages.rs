@@ -80,10 +80,16 @@ fn cluster_batch(rng: &mut StdRng, center: &[f32], ids: std::ops::Range<u64>) ->
     Batch::upserts(ids.map(|id| (id, center.iter().map(|c| c + rng.random_range(-0.05f32..0.05)).collect())))
 }
 
-/// Builds an index of `size` points in clusters of `CLUSTER`, closes it,
-/// drops its pages, reopens it and inserts `BATCH` more points into its
-/// third cluster. Returns the pages newly resident, or `None` if the cache
-/// could not be dropped here.
+/// Clusters a batch joins, one at a time, each from a cold cache: one
+/// insert's count depends on where its cluster's pages and its path from
+/// the entry point happen to lie (one seed in ten gave 3.1x alone), the
+/// sum of three much less.
+const TARGETS: [usize; 3] = [2, 9, 16];
+
+/// Builds an index of `size` points in clusters of `CLUSTER`; then for each
+/// of `TARGETS`, closes it, drops its pages, reopens it and inserts `BATCH`
+/// more points into that cluster. Returns the pages newly resident, summed
+/// over the inserts, or `None` if the cache could not be dropped here.
 fn pages_read_by_batch(root: &Path, size: u64, rng: &mut StdRng) -> Option<usize> {
     let dir: PathBuf = root.join(format!("index-{size}"));
     let opts = IndexOptions { build_threads: 2, durable: false, read_ahead: false, ..IndexOptions::default() };
@@ -95,22 +101,27 @@ fn pages_read_by_batch(root: &Path, size: u64, rng: &mut StdRng) -> Option<usize
     }
     drop(index);
     let data = dir.join("data.mdb");
-    if !drop_cache(&data) {
-        eprintln!(
-            "skipped: posix_fadvise(DONTNEED) does not empty the page cache for {} (tmpfs or a filesystem that keeps \
-             pages); cannot count the pages an insert reads",
-            data.display()
-        );
-        return None;
+    let mut total = 0;
+    for (k, &target) in TARGETS.iter().enumerate() {
+        if !drop_cache(&data) {
+            eprintln!(
+                "skipped: posix_fadvise(DONTNEED) does not empty the page cache for {} (tmpfs or a filesystem that keeps \
+                 pages); cannot count the pages an insert reads",
+                data.display()
+            );
+            return None;
+        }
+        let index = Index::open(&dir, opts.clone()).expect("reopen");
+        let before = resident(&data);
+        let first = size + k as u64 * BATCH;
+        index.apply(cluster_batch(rng, &centers[target], first..first + BATCH)).expect("insert");
+        let after = resident(&data);
+        drop(index);
+        let new = after.iter().enumerate().filter(|&(i, &r)| r && !before.get(i).copied().unwrap_or(false)).count();
+        eprintln!("{BATCH} into cluster {target} of {size}: {new} pages newly resident of {} in the file", after.len());
+        total += new;
     }
-    let index = Index::open(&dir, opts).expect("reopen");
-    let before = resident(&data);
-    index.apply(cluster_batch(rng, &centers[2], size..size + BATCH)).expect("insert");
-    let after = resident(&data);
-    drop(index);
-    let new = after.iter().enumerate().filter(|&(i, &r)| r && !before.get(i).copied().unwrap_or(false)).count();
-    eprintln!("{BATCH} into {size}: {new} pages newly resident of {} in the file", after.len());
-    Some(new)
+    Some(total)
 }
 
 #[test]
@@ -123,8 +134,9 @@ fn an_insert_from_a_cold_cache_reads_pages_in_proportion_to_the_batch_not_the_in
     let growth = large as f64 / small.max(1) as f64;
     assert!(
         growth <= MAX_GROWTH,
-        "a batch of {BATCH} read {small} pages of an index of {SMALL} and {large} of one of {LARGE}: {growth:.2}x for \
+        "{} batches of {BATCH} read {small} pages of an index of {SMALL} and {large} of one of {LARGE}: {growth:.2}x for \
          {}x the index (at most {MAX_GROWTH}x allowed)",
+        TARGETS.len(),
         LARGE / SMALL
     );
 }
