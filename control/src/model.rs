@@ -164,12 +164,42 @@ impl MovePhase {
     }
 }
 
-/// A shard moving from one node to another.
+/// What a recorded move makes of the copy on `from`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MoveKind {
+    /// The copy on `to` replaces the one on `from`, which is dropped.
+    #[default]
+    Move,
+    /// The copy on `to` joins the active replicas and `from` keeps its own:
+    /// a replica rejoining (its node held a dead copy), a repair, or a
+    /// raised replication factor. Ends at the switch (no copy to drop).
+    Copy,
+}
+
+impl MoveKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveKind::Move => "move",
+            MoveKind::Copy => "copy",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<MoveKind> {
+        match s {
+            "move" => Some(MoveKind::Move),
+            "copy" => Some(MoveKind::Copy),
+            _ => None,
+        }
+    }
+}
+
+/// A shard moving from one node to another, or copied to another.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardMove {
     pub from: NodeId,
     pub to: NodeId,
     pub phase: MovePhase,
+    pub kind: MoveKind,
     /// Bumped by every controller that (re)starts the copy, in the same
     /// conditional write: a stale controller still copying finds its
     /// attempt gone and stops instead of switching to a half-made copy.
@@ -279,7 +309,8 @@ impl Collection {
                     MovePhase::Copying => &m.from,
                     MovePhase::Switched => &m.to,
                 };
-                if m.from == m.to || !s.holds(owner) {
+                let copy_onto_active = m.kind == MoveKind::Copy && s.replica(&m.to).is_some_and(|r| r.state == ReplicaState::Active);
+                if m.from == m.to || !s.holds(owner) || (m.phase == MovePhase::Copying && copy_onto_active) {
                     return Err(format!("shard {i}'s move from {} to {} ({}) does not match its replicas", m.from, m.to, m.phase.as_str()));
                 }
             }

@@ -39,6 +39,9 @@ pub struct ClusterOptions {
     pub status_timeout: Duration,
     pub limits: Limits,
     pub peers: PeerSettings,
+    /// A node whose lease has been gone this long has its out-of-sync
+    /// copies re-created on other nodes (docs/replication.md).
+    pub repair_after: Duration,
 }
 
 impl Default for ClusterOptions {
@@ -51,6 +54,7 @@ impl Default for ClusterOptions {
             status_timeout: Duration::from_secs(1),
             limits: Limits::default(),
             peers: PeerSettings::default(),
+            repair_after: Duration::from_secs(300),
         }
     }
 }
@@ -95,7 +99,7 @@ pub(crate) fn replica_nodes(c: &Collection) -> impl Iterator<Item = (u32, NodeId
 }
 
 /// A create request's replication, checked; 0 is the default of each.
-fn replication_of(factor: u32, min_in_sync: u32) -> Result<Replication> {
+pub(crate) fn replication_of(factor: u32, min_in_sync: u32) -> Result<Replication> {
     let factor = factor.max(1);
     let min_in_sync = min_in_sync.max(1);
     if min_in_sync > factor {
@@ -157,6 +161,11 @@ impl Cluster {
             r = call => Ok(r?),
             e = liveness.down(node) => Err(e),
         }
+    }
+
+    /// False while the node is marked down by its health probe.
+    pub(crate) fn node_up(&self, node: &NodeId) -> bool {
+        self.pool.liveness().health(node).up
     }
 
     pub(crate) fn collection(&self, name: &str) -> Result<Collection> {

@@ -41,6 +41,9 @@ pub struct CoordinatorConfig {
     /// Traces and metrics.
     pub telemetry: TelemetryConfig,
     pub limits: Limits,
+    /// The controller re-creates the copies of a node whose lease has been
+    /// gone this long on other nodes (a node back sooner rejoins instead).
+    pub repair_after_ms: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -67,6 +70,7 @@ impl Default for CoordinatorConfig {
             peers: PeerSettings::default(),
             telemetry: TelemetryConfig::default(),
             limits: Limits::default(),
+            repair_after_ms: 300_000,
         }
     }
 }

@@ -15,6 +15,7 @@ pub(crate) mod moves;
 pub mod outstanding;
 pub mod pool;
 mod recover;
+mod repair;
 mod replica_writes;
 pub mod routing;
 pub mod server;

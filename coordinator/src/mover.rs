@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shoal_control::model::{MovePhase, Replica, ShardMove, ShardPlacement};
+use shoal_control::model::{MoveKind, MovePhase, Replica, ReplicaState, ShardMove, ShardPlacement};
 use shoal_proto::{CollectionName, ErrorCode, NodeId, v1};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -23,6 +23,7 @@ use crate::client::ShardClient;
 use crate::cluster::Cluster;
 use crate::error::{Error, Result};
 use crate::moves::holdings;
+use crate::repair::{Absences, Work, next_work};
 
 /// A snapshot, a restore or a catch-up step of a large shard may take long.
 const STEP_TIMEOUT: Duration = Duration::from_secs(1800);
@@ -41,6 +42,11 @@ const ROUND_MESSAGES: usize = 64;
 /// this long (a drain would otherwise retry it in a tight loop).
 const BACKOFF: Duration = Duration::from_secs(10);
 
+/// The same for a copy that adds a replica (a rejoin, a repair): the
+/// common failure is a node that died a moment ago and is restarting, and
+/// the shard has one copy fewer until the copy is made.
+const COPY_BACKOFF: Duration = Duration::from_secs(2);
+
 /// What the controller does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Task {
@@ -48,6 +54,17 @@ enum Task {
     Move(CollectionName, u32),
     /// Record a move of this shard's copy on a draining node.
     Drain(CollectionName, u32, NodeId),
+    /// A step towards the shard's replication factor (`repair.rs`).
+    Replicate(Work),
+}
+
+impl Task {
+    fn shard(&self) -> (&CollectionName, u32) {
+        match self {
+            Task::Move(name, shard) | Task::Drain(name, shard, _) => (name, *shard),
+            Task::Replicate(w) => w.shard(),
+        }
+    }
 }
 
 /// The controller's loop; runs until dropped (leadership lost or the
@@ -61,6 +78,7 @@ pub(crate) async fn lead(cluster: Arc<Cluster>) {
     let mut failed: HashMap<(CollectionName, u32), Instant> = HashMap::new();
     let mut finishing: JoinSet<((CollectionName, u32), Result<()>)> = JoinSet::new();
     let mut finishing_keys: HashSet<(CollectionName, u32)> = HashSet::new();
+    let mut absences = Absences::default();
     loop {
         while let Some(done) = finishing.try_join_next() {
             if let Ok((key, result)) = done {
@@ -77,13 +95,27 @@ pub(crate) async fn lead(cluster: Arc<Cluster>) {
             let key = (name.clone(), shard);
             failed.contains_key(&key) || finishing_keys.contains(&key)
         };
-        let Some(task) = next_task(&view, skip) else {
+        let now = Instant::now();
+        absences.update(&view, now);
+        let replication = |v: &shoal_control::metadata::View| {
+            let gone_for = |n: &NodeId| absences.gone_for(n, now);
+            next_work(v, gone_for, cluster.options().repair_after, |n| cluster.node_up(n), skip)
+        };
+        let Some(task) = next_task(&view, skip).or_else(|| replication(&view).map(Task::Replicate)) else {
             // Nothing to do: wait for a change, a finish, or a backed-off retry.
             tokio::select! {
                 _ = views.changed() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
             continue;
+        };
+        let is_copy = match &task {
+            Task::Move(name, shard) => view
+                .collection(name)
+                .and_then(|c| c.value.shards.get(*shard as usize)?.moving.as_ref())
+                .is_some_and(|m| m.kind == MoveKind::Copy),
+            Task::Replicate(_) => true,
+            Task::Drain(..) => false,
         };
         let result = match &task {
             Task::Move(name, shard) => match cluster.carry_out(name, *shard).await {
@@ -108,11 +140,23 @@ pub(crate) async fn lead(cluster: Arc<Cluster>) {
                 Ok(false) => cluster.record_move(name, *shard, Some(from), None).await.map(|_| ()),
                 Err(e) => Err(e),
             },
+            // A trim waits out the searches still reading the copy before
+            // dropping it: beside the next task, like the end of a move.
+            Task::Replicate(work @ Work::Trim(name, shard)) => {
+                let key = (name.clone(), *shard);
+                finishing_keys.insert(key.clone());
+                let (cluster, work) = (Arc::clone(&cluster), work.clone());
+                finishing.spawn(async move { (key, cluster.replicate(&work).await) });
+                Ok(())
+            }
+            Task::Replicate(work) => cluster.replicate(work).await,
         };
         if let Err(e) = result {
-            let (Task::Move(name, shard) | Task::Drain(name, shard, _)) = task;
-            tracing::warn!(collection = %name, shard, error = %e, "controller: shard move failed; retrying in {BACKOFF:?} if still wanted");
-            failed.insert((name, shard), Instant::now() + BACKOFF);
+            let (name, shard) = task.shard();
+            let (name, shard) = (name.clone(), shard);
+            let backoff = if is_copy { COPY_BACKOFF } else { BACKOFF };
+            tracing::warn!(collection = %name, shard, error = %e, "controller: shard move failed; retrying in {backoff:?} if still wanted");
+            failed.insert((name, shard), Instant::now() + backoff);
         }
     }
 }
@@ -169,10 +213,14 @@ impl Cluster {
         if m.phase == MovePhase::Switched {
             return Ok(Some(m));
         }
-        let attempt = self.claim(name, shard, &m).await?;
+        let (m, attempt) = self.claim(name, shard, &m).await?;
         let started = std::time::Instant::now();
         tracing::info!(collection = %name, shard, from = %m.from, to = %m.to, attempt, "shard move: copying");
         match self.copy_and_switch(name, shard, &m, attempt).await {
+            Ok(()) if m.kind == MoveKind::Copy => {
+                tracing::info!(collection = %name, shard, from = %m.from, to = %m.to, ms = started.elapsed().as_millis() as u64, "replica copied: in sync");
+                Ok(None)
+            }
             Ok(()) => {
                 tracing::info!(collection = %name, shard, from = %m.from, to = %m.to, ms = started.elapsed().as_millis() as u64, "shard move: switched");
                 Ok(Some(ShardMove { phase: MovePhase::Switched, attempt, ..m }))
@@ -188,20 +236,30 @@ impl Cluster {
     /// controller still working on the move then cannot switch it), and
     /// raises the placement's epoch to the source's if an earlier attempt
     /// fenced the source and died before switching, so writes flow again.
-    async fn claim(&self, name: &CollectionName, shard: u32, m: &ShardMove) -> Result<u64> {
+    /// A copy is made from the shard's primary as it is now (the one
+    /// recorded may have died since): returns the move as claimed.
+    async fn claim(&self, name: &CollectionName, shard: u32, m: &ShardMove) -> Result<(ShardMove, u64)> {
+        let mut m = m.clone();
+        if m.kind == MoveKind::Copy {
+            m.from = self.collection(name.as_str())?.shards[shard as usize].node().clone();
+        }
         let source_epoch = self.shard_stats_on(&m.from, name, shard).await?.epoch;
         let attempt = m.attempt + 1;
+        let from = m.from.clone();
         self.change_shard(name, shard, |p, _| {
             let Some(now) = p.moving.as_ref().filter(|now| now.to == m.to && now.phase == MovePhase::Copying) else {
                 return Err(aborted(name, shard, "the move was changed or cancelled meanwhile"));
             };
+            if now.kind == MoveKind::Copy && p.replica(&from).is_none_or(|r| r.state != ReplicaState::Active) {
+                return Err(aborted(name, shard, "the primary changed meanwhile"));
+            }
             let mut next = p.clone();
             next.epoch = p.epoch.max(source_epoch);
-            next.moving = Some(ShardMove { attempt: now.attempt.max(attempt), ..now.clone() });
+            next.moving = Some(ShardMove { attempt: now.attempt.max(attempt), from: from.clone(), ..now.clone() });
             Ok(Some(next))
         })
         .await?;
-        Ok(attempt)
+        Ok((ShardMove { attempt, ..m }, attempt))
     }
 
     /// Seeds the target from a snapshot, catches it up from the source's
@@ -263,13 +321,27 @@ impl Cluster {
             if !p.moving.as_ref().is_some_and(|now| now.to == m.to && now.attempt == attempt) {
                 return Err(aborted(name, shard, "another controller took the move over"));
             }
-            let moving = Some(ShardMove { phase: MovePhase::Switched, attempt, ..m.clone() });
-            // The moved copy takes the source's place in the list (a moved
-            // primary stays the primary); the other replicas stay as they are.
             let mut replicas = p.replicas.clone();
-            for r in replicas.iter_mut().filter(|r| r.node == m.from) {
-                *r = Replica::active(m.to.clone());
-            }
+            let moving = match m.kind {
+                // The moved copy takes the source's place in the list (a
+                // moved primary stays the primary); the other replicas stay
+                // as they are.
+                MoveKind::Move => {
+                    for r in replicas.iter_mut().filter(|r| r.node == m.from) {
+                        *r = Replica::active(m.to.clone());
+                    }
+                    Some(ShardMove { phase: MovePhase::Switched, attempt, ..m.clone() })
+                }
+                // The copy joins the active replicas (in the place of its
+                // node's dead one, if it had one); nothing is left to drop.
+                MoveKind::Copy => {
+                    match replicas.iter_mut().find(|r| r.node == m.to) {
+                        Some(r) => *r = Replica::active(m.to.clone()),
+                        None => replicas.push(Replica::active(m.to.clone())),
+                    }
+                    None
+                }
+            };
             Ok(Some(ShardPlacement { replicas, epoch, moving }))
         })
         .await?;
@@ -428,7 +500,7 @@ mod tests {
     fn moving(from: &str, to: &str, phase: MovePhase) -> ShardPlacement {
         let owner = if phase == MovePhase::Copying { from } else { to };
         let mut p = ShardPlacement::on(node(owner));
-        p.moving = Some(ShardMove { from: node(from), to: node(to), phase, attempt: 0 });
+        p.moving = Some(ShardMove { from: node(from), to: node(to), phase, attempt: 0, kind: MoveKind::Move });
         p
     }
 

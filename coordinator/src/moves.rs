@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use shoal_control::metadata::{MetaError, PlannedMove, View, place, rebalance};
-use shoal_control::model::{Collection, MovePhase, ReplicaState, ShardMove, ShardPlacement};
+use shoal_control::model::{Collection, MoveKind, MovePhase, ReplicaState, ShardMove, ShardPlacement};
 use shoal_proto::{CollectionName, ErrorCode, NodeId, v1};
 
 use crate::cluster::Cluster;
@@ -19,15 +19,27 @@ const LONGEST_WAIT: Duration = Duration::from_secs(3600);
 
 /// How many times a conditional change is tried again after someone else
 /// changed the collection first.
-const CONFLICT_RETRIES: usize = 20;
+pub(crate) const CONFLICT_RETRIES: usize = 20;
 
 /// A shard's move on the wire.
 pub(crate) fn move_info(c: &CollectionName, shard: u32, m: &ShardMove, phase: &str) -> v1::ShardMove {
-    v1::ShardMove { collection: c.to_string(), shard, from_node: m.from.to_string(), to_node: m.to.to_string(), phase: phase.into() }
+    v1::ShardMove {
+        collection: c.to_string(),
+        shard,
+        from_node: m.from.to_string(),
+        to_node: m.to.to_string(),
+        phase: phase.into(),
+        kind: m.kind.as_str().into(),
+    }
 }
 
 fn planned_info(m: &PlannedMove, phase: &str) -> v1::ShardMove {
-    move_info(&m.collection, m.shard, &ShardMove { from: m.from.clone(), to: m.to.clone(), phase: MovePhase::Copying, attempt: 0 }, phase)
+    move_info(
+        &m.collection,
+        m.shard,
+        &ShardMove { from: m.from.clone(), to: m.to.clone(), phase: MovePhase::Copying, attempt: 0, kind: MoveKind::Move },
+        phase,
+    )
 }
 
 impl Cluster {
@@ -123,7 +135,7 @@ impl Cluster {
                     }
                 };
                 let mut next = p.clone();
-                next.moving = Some(ShardMove { from, to, phase: MovePhase::Copying, attempt: 0 });
+                next.moving = Some(ShardMove { from, to, phase: MovePhase::Copying, attempt: 0, kind: MoveKind::Move });
                 Ok(Some(next))
             })
             .await?;
@@ -329,7 +341,7 @@ pub(crate) fn holdings(view: &View, node: &NodeId) -> Vec<(CollectionName, u32)>
     let mut out = Vec::new();
     for (name, c) in &view.collections {
         for (i, p) in c.value.shards.iter().enumerate() {
-            let leaving = p.moving.as_ref().is_some_and(|m| m.from == *node);
+            let leaving = p.moving.as_ref().is_some_and(|m| m.from == *node && m.kind == MoveKind::Move);
             if p.holds(node) || leaving {
                 out.push((name.clone(), i as u32));
             }
@@ -352,6 +364,7 @@ fn draining_state(view: &View, node: &NodeId) -> v1::DrainNodeResponse {
                     from_node: node.to_string(),
                     to_node: String::new(),
                     phase: "waiting".into(),
+                    kind: MoveKind::Move.as_str().into(),
                 },
             }
         })

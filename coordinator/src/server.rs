@@ -51,6 +51,7 @@ pub fn cluster_from_config(cfg: &CoordinatorConfig, meta: Arc<dyn MetadataStore>
         status_timeout: Duration::from_millis(cfg.status_timeout_ms),
         limits: cfg.limits.clone(),
         peers: cfg.peers.clone(),
+        repair_after: Duration::from_millis(cfg.repair_after_ms),
     };
     let connector = GrpcConnector { max_message_bytes: cfg.max_message_bytes, peers: cfg.peers.clone() };
     Cluster::new(meta, Box::new(connector), opts)

@@ -215,4 +215,9 @@ impl Shoal for ShoalService {
     async fn verify_shard(&self, r: Request<v1::VerifyShardRequest>) -> Result<Response<v1::VerifyShardResponse>, Status> {
         Ok(Response::new(self.cluster.verify_shard(r.into_inner()).await?))
     }
+
+    async fn set_replication(&self, r: Request<v1::SetReplicationRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
+        let caller = caller(&r);
+        Ok(Response::new(self.cluster.set_replication(r.into_inner(), caller).await?))
+    }
 }

@@ -92,7 +92,10 @@ pub fn print_collection(c: &v1::CollectionInfo) {
         c.points
     );
     for s in &c.shards {
-        let moving = s.moving.as_ref().map_or(String::new(), |m| format!("  moving to {} ({})", m.to_node, m.phase));
+        let moving = s.moving.as_ref().map_or(String::new(), |m| match m.kind.as_str() {
+            "copy" => format!("  copying a replica from {} to {} ({})", m.from_node, m.to_node, m.phase),
+            _ => format!("  moving to {} ({})", m.to_node, m.phase),
+        });
         println!(
             "  shard {:<3} node {:<10} {:<5} points {:<10} tombstones {:<8} disk {:.1} MiB  epoch {}{moving}",
             s.shard,

@@ -117,6 +117,21 @@ enum Collections {
     Drop {
         name: String,
     },
+    /// Change a collection's replication factor (or minimum in sync): the
+    /// controller copies shards to more nodes, or removes extra copies.
+    SetReplication {
+        name: String,
+        /// Copies wanted of every shard (default: unchanged).
+        #[arg(long, default_value_t = 0)]
+        replication_factor: u32,
+        /// Below this many in-sync copies a write is refused (default:
+        /// unchanged, or the factor if that is lower).
+        #[arg(long, default_value_t = 0)]
+        min_in_sync: u32,
+        /// Return at once instead of when every shard holds the factor's copies.
+        #[arg(long)]
+        no_wait: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -256,6 +271,11 @@ async fn collections(endpoint: &str, c: Collections) -> anyhow::Result<()> {
             let index = Some(v1::IndexParams { m, ef_construction });
             let req = v1::CreateCollectionRequest { name, dimension, metric, shard_count: shards, index, replication_factor, min_in_sync };
             let c = client.create_collection(req).await?.into_inner();
+            ctl::print_collection(&c);
+        }
+        Collections::SetReplication { name, replication_factor, min_in_sync, no_wait } => {
+            let req = v1::SetReplicationRequest { collection: name, replication_factor, min_in_sync, wait: !no_wait };
+            let c = client.set_replication(req).await?.into_inner();
             ctl::print_collection(&c);
         }
         Collections::Drop { name } => {

@@ -271,8 +271,13 @@ pub async fn drain_marks_and_moves_are_shared(f: &impl StoreFactory) {
     let docs = collection("docs", &["n0", "n1"]);
     let r = a.create_collection(docs.clone()).await.expect("create");
     let mut moving = docs.clone();
-    moving.shards[1].moving =
-        Some(crate::model::ShardMove { from: node("n1"), to: node("n2"), phase: crate::model::MovePhase::Copying, attempt: 3 });
+    moving.shards[1].moving = Some(crate::model::ShardMove {
+        from: node("n1"),
+        to: node("n2"),
+        phase: crate::model::MovePhase::Copying,
+        attempt: 3,
+        kind: crate::model::MoveKind::Copy,
+    });
     let r = a.update_collection(moving.clone(), r).await.expect("record a move");
     let view = view_where(b.as_ref(), "the move reaching b", PROPAGATION, |v| v.revision >= r).await;
     assert_eq!(view.collection(&docs.name), Some(&Versioned { value: moving.clone(), revision: r }));

@@ -18,7 +18,7 @@ fn holdings<'a>(existing: impl IntoIterator<Item = &'a Collection>) -> BTreeMap<
             for n in s.nodes() {
                 *load.entry(n.clone()).or_insert(0) += 1;
             }
-            if let Some(m) = s.moving.as_ref().filter(|m| m.phase == MovePhase::Copying) {
+            if let Some(m) = s.moving.as_ref().filter(|m| m.phase == MovePhase::Copying && !s.holds(&m.to)) {
                 *load.entry(m.to.clone()).or_insert(0) += 1;
             }
         }
@@ -209,6 +209,7 @@ mod tests {
             to: NodeId::parse("n2").unwrap(),
             phase: MovePhase::Copying,
             attempt: 0,
+            kind: crate::model::MoveKind::Move,
         });
         // n2 is receiving one: the next shard goes to n0, which it leaves.
         assert_eq!(place(1, &members, [&a]).iter().map(NodeId::as_str).collect::<Vec<_>>(), ["n0"]);
@@ -238,6 +239,7 @@ mod tests {
                 to: NodeId::parse("n9").unwrap(),
                 phase: MovePhase::Copying,
                 attempt: 0,
+                kind: crate::model::MoveKind::Move,
             });
         }
         assert!(rebalance(&members, &[&moving]).is_empty(), "nothing left to move on n0");

@@ -101,16 +101,89 @@ async fn a_stopped_node_costs_no_search_and_no_ingest() {
     }
     assert_exact(&mut tc.client, &all, &mut rng, "after ingest without shard-1").await;
 
-    // Back, but out of sync: never read, and the in-sync copies agree.
+    // Back: its copies are read only once they rejoined, seeded from the
+    // primary and caught up, so searches stay exact throughout.
     tc.cluster.restart_node(1).await.unwrap();
-    assert_exact(&mut tc.client, &all, &mut rng, "shard-1 back, out of sync").await;
+    assert_exact(&mut tc.client, &all, &mut rng, "shard-1 back, rejoining").await;
+    let info = wait_for_replicas(&mut tc.client, "docs", 2).await;
+    assert!(info.shards.iter().any(|s| s.replicas.iter().any(|r| r.node == "shard-1")), "{info:?}");
     for shard in 0..3 {
         let v = verify(&mut tc.client, "docs", shard).await;
-        assert!(v.agree, "shard {shard}: {v:?}");
-        if let Some(stale) = v.replicas.iter().find(|r| r.node == "shard-1") {
-            assert_eq!((stale.state.as_str(), stale.last_seq), ("dead", 6), "it missed batches 7 to 12");
-        }
+        assert!(v.agree && v.replicas.iter().all(|r| r.last_seq == 12), "shard {shard}: {v:?}");
     }
+    assert_exact(&mut tc.client, &all, &mut rng, "shard-1 rejoined").await;
+    tc.cluster.shutdown().await.unwrap();
+}
+
+/// Waits (bounded) until every shard of `name` holds exactly `factor`
+/// active copies and nothing is moving.
+async fn wait_for_replicas(client: &mut ShoalClient<Channel>, name: &str, factor: usize) -> v1::CollectionInfo {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let info = describe(client, name).await;
+        let settled =
+            |s: &v1::ShardInfo| s.moving.is_none() && s.replicas.len() == factor && s.replicas.iter().all(|r| r.state == "active");
+        if info.shards.iter().all(settled) {
+            return info;
+        }
+        assert!(std::time::Instant::now() < deadline, "not {factor} active copies of every shard after 60 s: {info:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// The factor of a collection with data goes up while batches keep
+/// coming (every new copy is seeded, caught up and agrees), then down
+/// (extra copies leave, never the primary); searches stay exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replication_factor_changes_under_ingest() {
+    let mut rng = rng("the_replication_factor_changes_under_ingest");
+    let mut tc = cluster(3).await;
+    create_replicated(&mut tc.client, "docs", 2, 1, 1).await;
+    let all = points(&mut rng, DIM as usize, 0..900);
+    let first: Vec<_> = all[..300].chunks(100).enumerate().map(|(i, c)| batch("docs", "job", i as u64 + 1, c.to_vec())).collect();
+    ingest(&mut tc.client, first).await.unwrap();
+    let primaries: Vec<String> = describe(&mut tc.client, "docs").await.shards.into_iter().map(|s| s.node).collect();
+
+    let mut setter = tc.client.clone();
+    let raise = v1::SetReplicationRequest { collection: "docs".into(), replication_factor: 3, min_in_sync: 2, wait: true };
+    let raising = tokio::spawn(async move { setter.set_replication(raise).await });
+    for (i, c) in all[300..].chunks(50).enumerate() {
+        let acks = ingest(&mut tc.client, vec![batch("docs", "job", i as u64 + 4, c.to_vec())]).await.unwrap();
+        assert_eq!(acks[0].status, v1::BatchStatus::Applied as i32);
+    }
+    let raised = raising.await.unwrap().unwrap().into_inner();
+    assert_eq!((raised.replication_factor, raised.min_in_sync), (3, 2));
+    wait_for_replicas(&mut tc.client, "docs", 3).await;
+    for shard in 0..2 {
+        let v = verify(&mut tc.client, "docs", shard).await;
+        assert!(v.agree && v.replicas.len() == 3, "shard {shard}: {v:?}");
+    }
+    assert_eq!(points_in(&mut tc.client, "docs").await, 900);
+    assert_exact(&mut tc.client, &all, &mut rng, "factor 3").await;
+
+    // Above the nodes: refused, nothing changed.
+    let e = tc
+        .client
+        .set_replication(v1::SetReplicationRequest { collection: "docs".into(), replication_factor: 4, ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let e = tc
+        .client
+        .set_replication(v1::SetReplicationRequest { collection: "docs".into(), min_in_sync: 5, ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_eq!(describe(&mut tc.client, "docs").await.replication_factor, 3);
+
+    // Down to one: the minimum follows, and each shard keeps its primary.
+    let lower = v1::SetReplicationRequest { collection: "docs".into(), replication_factor: 1, min_in_sync: 0, wait: true };
+    let lowered = tc.client.set_replication(lower).await.unwrap().into_inner();
+    assert_eq!((lowered.replication_factor, lowered.min_in_sync), (1, 1));
+    let info = wait_for_replicas(&mut tc.client, "docs", 1).await;
+    let kept: Vec<String> = info.shards.into_iter().map(|s| s.node).collect();
+    assert_eq!(kept, primaries);
+    assert_exact(&mut tc.client, &all, &mut rng, "factor 1").await;
     tc.cluster.shutdown().await.unwrap();
 }
 

@@ -37,6 +37,17 @@ impl Fixture {
     /// (`SHOAL_TEST_ETCD_ENDPOINT`), under a key prefix of their own, with
     /// leases of `ttl`. `None` (and a printed SKIPPED) without an etcd.
     pub(crate) fn on_etcd(test: &str, nodes: usize, coordinators: usize, ttl: Duration) -> anyhow::Result<Option<Fixture>> {
+        Self::on_etcd_with(test, nodes, coordinators, ttl, |_| {})
+    }
+
+    /// [`Fixture::on_etcd`], with `configure` adjusting the spec last.
+    pub(crate) fn on_etcd_with(
+        test: &str,
+        nodes: usize,
+        coordinators: usize,
+        ttl: Duration,
+        configure: impl FnOnce(&mut ClusterSpec),
+    ) -> anyhow::Result<Option<Fixture>> {
         let Some(endpoint) = std::env::var("SHOAL_TEST_ETCD_ENDPOINT").ok().filter(|e| !e.is_empty()) else {
             eprintln!("SKIPPED {test}: SHOAL_TEST_ETCD_ENDPOINT is not set");
             return Ok(None);
@@ -48,6 +59,7 @@ impl Fixture {
             spec.coordinators = coordinators;
             spec.node_env.push(("SHOAL_SHARD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms.clone()));
             spec.coordinator_env.push(("SHOAL_COORD_CLUSTER__LEASE_TTL_MS".into(), ttl_ms));
+            configure(spec);
         })?;
         Ok(Some(fx))
     }

@@ -15,6 +15,7 @@ mod disk_full;
 mod hung_node;
 mod limits;
 mod moves;
+mod replicas;
 mod search_deadline;
 mod snapshots;
 mod telemetry;
@@ -61,6 +62,10 @@ fn main() -> ExitCode {
         trial(
             "etcd_controller_and_node_deaths_are_noticed_within_a_lease",
             control_plane::etcd_controller_and_node_deaths_are_noticed_within_a_lease,
+        ),
+        trial(
+            "etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired",
+            replicas::etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired,
         ),
         trial("etcd_a_move_survives_the_death_of_its_controller", moves::etcd_a_move_survives_the_death_of_its_controller),
         trial("etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot", moves::etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot),

@@ -7,8 +7,8 @@ use shoal_proto::{CollectionName, NodeId};
 
 use crate::metadata::MetaError;
 use crate::model::{
-    Capacity, Collection, CollectionSpec, IndexParams, Member, Metric, MovePhase, NodeState, Replica, ReplicaState, Replication, ShardMove,
-    ShardPlacement,
+    Capacity, Collection, CollectionSpec, IndexParams, Member, Metric, MoveKind, MovePhase, NodeState, Replica, ReplicaState, Replication,
+    ShardMove, ShardPlacement,
 };
 
 #[derive(Serialize, Deserialize)]
@@ -65,6 +65,9 @@ struct MoveRecord {
     to: String,
     phase: String,
     attempt: u64,
+    /// Absent for a move (and in values written before copies existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kind: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -124,6 +127,7 @@ pub(super) fn encode_collection(c: &Collection) -> Result<Vec<u8>, MetaError> {
                     to: m.to.as_str().to_owned(),
                     phase: m.phase.as_str().to_owned(),
                     attempt: m.attempt,
+                    kind: (m.kind != MoveKind::Move).then(|| m.kind.as_str().to_owned()),
                 }),
             })
             .collect(),
@@ -155,7 +159,11 @@ pub(super) fn decode_collection(key: &str, name: CollectionName, bytes: &[u8]) -
                 let node = |n: &str| NodeId::parse(n).map_err(|e| corrupt(key, format!("shard {i}'s move: {e}")));
                 let phase = MovePhase::parse(&m.phase)
                     .ok_or_else(|| corrupt(key, format!("shard {i}'s move phase {:?} is not a known one", m.phase)))?;
-                Some(ShardMove { from: node(&m.from)?, to: node(&m.to)?, phase, attempt: m.attempt })
+                let kind = match m.kind.as_deref() {
+                    None => MoveKind::Move,
+                    Some(k) => MoveKind::parse(k).ok_or_else(|| corrupt(key, format!("shard {i}'s move kind {k:?} is not a known one")))?,
+                };
+                Some(ShardMove { from: node(&m.from)?, to: node(&m.to)?, phase, attempt: m.attempt, kind })
             }
         };
         shards.push(ShardPlacement { replicas, epoch: s.epoch, moving });
@@ -217,7 +225,7 @@ mod tests {
             proptest::collection::btree_set("[a-z0-9/_.-]{1,12}", 1..4),
             proptest::collection::vec(0..3usize, 3),
             1..u64::MAX,
-            any::<Option<(bool, u64)>>(),
+            any::<Option<(bool, u64, bool)>>(),
         )
             .prop_map(move |(nodes, state_of, epoch, moving)| {
                 // The first replica is active: a placement always has one.
@@ -229,12 +237,13 @@ mod tests {
                         state: if i == 0 { ReplicaState::Active } else { states[state_of[i]] },
                     })
                     .collect();
-                let moving = moving.map(|(switched, attempt)| {
+                let moving = moving.map(|(switched, attempt, copy)| {
                     let (phase, from, to) = match switched {
                         false => (MovePhase::Copying, replicas[0].node.clone(), NodeId::parse("elsewhere!").unwrap()),
                         true => (MovePhase::Switched, NodeId::parse("elsewhere!").unwrap(), replicas[0].node.clone()),
                     };
-                    ShardMove { from, to, phase, attempt }
+                    let kind = if copy && !switched { MoveKind::Copy } else { MoveKind::Move };
+                    ShardMove { from, to, phase, attempt, kind }
                 });
                 ShardPlacement { replicas, epoch, moving }
             });
