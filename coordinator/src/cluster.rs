@@ -42,7 +42,28 @@ pub struct ClusterOptions {
     /// A node whose lease has been gone this long has its out-of-sync
     /// copies re-created on other nodes (docs/replication.md).
     pub repair_after: Duration,
+    /// When a read asks a second replica of a shard.
+    pub hedge: Hedge,
 }
+
+/// When a read of a replicated shard asks another replica as well as the
+/// first (docs/replication.md, "Reads").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hedge {
+    /// Only when the first one fails.
+    Off,
+    /// After the first replica's recent p95 answer time.
+    RecentP95,
+    /// After a fixed delay.
+    After(Duration),
+}
+
+/// The hedge delay of a node no read has heard from yet.
+const HEDGE_BEFORE_ANY_ANSWER: Duration = Duration::from_millis(50);
+
+/// Hedges below this would double the load of a fast, healthy cluster for
+/// no gain: the answer is on its way.
+const HEDGE_AT_LEAST: Duration = Duration::from_millis(2);
 
 impl Default for ClusterOptions {
     fn default() -> Self {
@@ -55,6 +76,7 @@ impl Default for ClusterOptions {
             limits: Limits::default(),
             peers: PeerSettings::default(),
             repair_after: Duration::from_secs(300),
+            hedge: Hedge::RecentP95,
         }
     }
 }
@@ -160,6 +182,16 @@ impl Cluster {
         tokio::select! {
             r = call => Ok(r?),
             e = liveness.down(node) => Err(e),
+        }
+    }
+
+    /// How long a read waits for `node` before asking another replica as
+    /// well; `None` if reads are not hedged.
+    fn hedge_delay(&self, node: &NodeId) -> Option<Duration> {
+        match self.opts.hedge {
+            Hedge::Off => None,
+            Hedge::After(d) => Some(d),
+            Hedge::RecentP95 => Some(self.outstanding.p95(node).unwrap_or(HEDGE_BEFORE_ANY_ANSWER).max(HEDGE_AT_LEAST)),
         }
     }
 
@@ -428,31 +460,71 @@ impl Cluster {
         let f = &f;
         let calls = (0..c.shard_count()).map(|i| {
             // The in-sync replicas, least busy first: the next one is
-            // asked when one fails, within the same deadline.
+            // asked when one fails, or as well when one is slower than its
+            // recent p95 (a hedge), within the same deadline.
             let replicas = self.outstanding.least_busy_first(c.shards[i as usize].in_sync_nodes());
             let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = tracing::field::Empty);
             async move {
                 let started = tokio::time::Instant::now();
-                let mut last = None;
-                for node in replicas {
-                    let left = timeout.saturating_sub(started.elapsed());
-                    if last.is_some() && left.is_zero() {
-                        break;
-                    }
+                let ask = |node: NodeId| {
                     tracing::Span::current().record("node", tracing::field::display(&node));
-                    let _tracked = self.outstanding.track(&node);
+                    let tracked = self.outstanding.track(&node);
+                    let left = timeout.saturating_sub(started.elapsed());
                     // Made inside the span, so the call carries its trace context.
-                    let r = match self.client(&node).map(|cl| f(cl, Self::shard_id(c, i), left)) {
-                        Ok(fut) => self.on_node(&node, fut).await,
-                        Err(e) => Err(e),
-                    };
-                    match r {
-                        Ok(v) => return (i, node, Ok(v)),
-                        // The request's own fault: another replica says the same.
-                        Err(e) if matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::ResourceExhausted) => {
-                            return (i, node, Err(e));
+                    let call = self.client(&node).map(|cl| f(cl, Self::shard_id(c, i), left));
+                    async move {
+                        let _tracked = tracked;
+                        let asked = tokio::time::Instant::now();
+                        let r = match call {
+                            Ok(fut) => self.on_node(&node, fut).await,
+                            Err(e) => Err(e),
+                        };
+                        if r.is_ok() {
+                            self.outstanding.answered(&node, asked.elapsed());
                         }
-                        Err(e) => last = Some((node, e)),
+                        (node, r)
+                    }
+                };
+                let mut waiting = replicas.into_iter();
+                let mut running = futures::stream::FuturesUnordered::new();
+                let mut hedge_at = None;
+                if let Some(node) = waiting.next() {
+                    hedge_at = self.hedge_delay(&node).map(|d| started + d);
+                    running.push(ask(node));
+                }
+                let mut last = None;
+                loop {
+                    let more = waiting.len() > 0 && started.elapsed() < timeout;
+                    let hedge = async {
+                        match hedge_at {
+                            Some(at) if more => tokio::time::sleep_until(at).await,
+                            _ => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        done = running.next() => {
+                            let Some((node, r)) = done else { break };
+                            match r {
+                                Ok(v) => return (i, node, Ok(v)),
+                                // The request's own fault: another replica says the same.
+                                Err(e) if matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::ResourceExhausted) => {
+                                    return (i, node, Err(e));
+                                }
+                                Err(e) => last = Some((node, e)),
+                            }
+                            // Fail over: a replica is out, ask the next one now.
+                            if let Some(next) = waiting.next().filter(|_| more) {
+                                hedge_at = self.hedge_delay(&next).map(|d| tokio::time::Instant::now() + d);
+                                running.push(ask(next));
+                            }
+                        }
+                        () = hedge => {
+                            if let Some(next) = waiting.next() {
+                                tracing::debug!(shard = i, node = %next, "hedged read");
+                                hedge_at = self.hedge_delay(&next).map(|d| tokio::time::Instant::now() + d);
+                                running.push(ask(next));
+                            }
+                        }
                     }
                 }
                 match last {

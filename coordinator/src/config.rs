@@ -44,6 +44,11 @@ pub struct CoordinatorConfig {
     /// The controller re-creates the copies of a node whose lease has been
     /// gone this long on other nodes (a node back sooner rejoins instead).
     pub repair_after_ms: u64,
+    /// A read of a replicated shard asks another replica as well when the
+    /// first has not answered within its recent p95 (or `hedge_after_ms`).
+    pub hedge_reads: bool,
+    /// A fixed hedge delay instead of the replica's p95 (0: the p95).
+    pub hedge_after_ms: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -71,6 +76,8 @@ impl Default for CoordinatorConfig {
             telemetry: TelemetryConfig::default(),
             limits: Limits::default(),
             repair_after_ms: 300_000,
+            hedge_reads: true,
+            hedge_after_ms: 0,
         }
     }
 }

@@ -10,7 +10,7 @@ use shoal_proto::NodeId;
 use shoal_proto::v1::shoal_server::ShoalServer;
 use tokio::net::TcpListener;
 
-use crate::cluster::{Cluster, ClusterOptions};
+use crate::cluster::{Cluster, ClusterOptions, Hedge};
 use crate::config::{CoordinatorConfig, url};
 use crate::controller::Controller;
 use crate::metadata::{InMemoryStore, MetadataStore};
@@ -52,6 +52,11 @@ pub fn cluster_from_config(cfg: &CoordinatorConfig, meta: Arc<dyn MetadataStore>
         limits: cfg.limits.clone(),
         peers: cfg.peers.clone(),
         repair_after: Duration::from_millis(cfg.repair_after_ms),
+        hedge: match (cfg.hedge_reads, cfg.hedge_after_ms) {
+            (false, _) => Hedge::Off,
+            (true, 0) => Hedge::RecentP95,
+            (true, ms) => Hedge::After(Duration::from_millis(ms)),
+        },
     };
     let connector = GrpcConnector { max_message_bytes: cfg.max_message_bytes, peers: cfg.peers.clone() };
     Cluster::new(meta, Box::new(connector), opts)

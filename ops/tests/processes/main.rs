@@ -64,6 +64,10 @@ fn main() -> ExitCode {
             control_plane::etcd_controller_and_node_deaths_are_noticed_within_a_lease,
         ),
         trial(
+            "a_stopped_replica_costs_a_search_a_hedge_not_its_deadline",
+            replicas::a_stopped_replica_costs_a_search_a_hedge_not_its_deadline,
+        ),
+        trial(
             "etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired",
             replicas::etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired,
         ),

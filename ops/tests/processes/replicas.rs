@@ -161,3 +161,52 @@ fn check_agree(fx: &Fixture, rt: &tokio::runtime::Runtime, client: &mut ShoalCli
     }
     Ok(())
 }
+
+/// A replica that stops answering (SIGSTOP) while its node still looks
+/// alive: reads ask the other replica once the first is slower than its
+/// recent p95, so each search costs a few milliseconds more, not its 2 s
+/// deadline. The health probe is slowed down so that it cannot be what
+/// saves the searches.
+pub(crate) fn a_stopped_replica_costs_a_search_a_hedge_not_its_deadline() -> anyhow::Result<()> {
+    let test = "a_stopped_replica_costs_a_search_a_hedge_not_its_deadline";
+    let fx = Fixture::start(3, |spec| {
+        spec.coordinator_env.push(("SHOAL_COORD_PEERS__PROBE_INTERVAL_MS".into(), "60000".into()));
+    })?;
+    let mut rng = rng(test);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut client = rt.block_on(fx.client())?;
+    rt.block_on(async {
+        let req = v1::CreateCollectionRequest {
+            name: "docs".into(),
+            dimension: DIM,
+            metric: v1::Metric::Cosine as i32,
+            shard_count: 3,
+            replication_factor: 2,
+            ..Default::default()
+        };
+        client.create_collection(req).await?;
+        upsert_all(&mut client, "docs", points(&mut rng, DIM as usize, 0..600), 200).await?;
+        // Answer times to take a p95 of.
+        for _ in 0..100 {
+            whole_search(&mut client, &mut rng).await?;
+        }
+        anyhow::Ok(())
+    })?;
+    fx.cluster.nodes[1].stop()?;
+    let times = rt.block_on(async {
+        let mut times = Vec::new();
+        for _ in 0..20 {
+            let started = Instant::now();
+            let whole = whole_search(&mut client, &mut rng).await?;
+            times.push((started.elapsed(), whole));
+        }
+        anyhow::Ok(times)
+    });
+    fx.cluster.nodes[1].resume()?;
+    let times = times?;
+    let slowest = times.iter().map(|t| t.0).max().unwrap_or_default();
+    eprintln!("20 searches with a replica stopped: slowest {slowest:?}, all whole: {}", times.iter().all(|t| t.1));
+    check!(fx, times.iter().all(|t| t.1), "every search whole: {times:?}");
+    check!(fx, slowest < Duration::from_millis(1000), "a search waited {slowest:?} for the stopped replica: {times:?}");
+    Ok(())
+}
