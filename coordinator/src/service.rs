@@ -216,6 +216,11 @@ impl Shoal for ShoalService {
         Ok(Response::new(self.cluster.verify_shard(r.into_inner()).await?))
     }
 
+    async fn resync_replica(&self, r: Request<v1::ResyncReplicaRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
+        let caller = caller(&r);
+        Ok(Response::new(self.cluster.resync_replica(r.into_inner(), caller).await?))
+    }
+
     async fn set_replication(&self, r: Request<v1::SetReplicationRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
         let caller = caller(&r);
         Ok(Response::new(self.cluster.set_replication(r.into_inner(), caller).await?))

@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use shoal_proto::v1;
+use shoal_control::model::ReplicaState;
+use shoal_proto::{CollectionName, NodeId, v1};
 
 use crate::cluster::Cluster;
 use crate::error::{Error, Result};
@@ -44,6 +45,53 @@ impl Cluster {
         }))
         .await;
         Ok(v1::VerifyShardResponse { agree: active_agree(&replicas), replicas })
+    }
+}
+
+impl Cluster {
+    /// Marks one replica that is not the primary dead, so the controller
+    /// re-seeds it from the primary (`repair.rs`, a rejoin).
+    pub async fn resync_replica(&self, req: v1::ResyncReplicaRequest, caller: Option<Duration>) -> Result<v1::CollectionInfo> {
+        let v1::ResyncReplicaRequest { collection, shard, node, wait } = req;
+        let name = CollectionName::parse(&collection)?;
+        let node = NodeId::parse(&node)?;
+        self.change_shard(&name, shard, |p, _| {
+            if p.moving.is_some() {
+                return Err(Error::Precondition(format!("shard {shard} of {name} is moving; resync once the move ended")));
+            }
+            match p.replica(&node) {
+                None => Err(Error::Invalid(format!("node {node} holds no copy of shard {shard} of {name}"))),
+                Some(_) if p.node() == &node => Err(Error::Precondition(format!(
+                    "{node} holds the primary of shard {shard} of {name}, which the others are copied from; \
+                     resync the others, or move the primary away (shard move --from {node}) and resync it then"
+                ))),
+                Some(r) if r.state != ReplicaState::Active => Ok(None),
+                Some(_) => {
+                    let mut next = p.clone();
+                    for r in next.replicas.iter_mut().filter(|r| r.node == node) {
+                        r.state = ReplicaState::Dead;
+                    }
+                    Ok(Some(next))
+                }
+            }
+        })
+        .await?;
+        tracing::warn!(collection = %name, shard, %node, "replica taken out of the in-sync set by request: it is seeded anew from the primary");
+        if wait {
+            let limit = caller.unwrap_or(Duration::from_secs(3600));
+            let back = |view: &shoal_control::metadata::View| {
+                view.collection(&name)
+                    .and_then(|c| c.value.shards.get(shard as usize))
+                    .is_none_or(|p| p.moving.is_none() && p.replica(&node).is_none_or(|r| r.state == ReplicaState::Active))
+            };
+            if self.wait_for_view(limit, back).await.is_err() {
+                return Err(Error::Deadline(format!(
+                    "the replica of shard {shard} of {name} on {node} is not in sync after {limit:?}; the controller goes on \
+                     (see `shoalctl status`)"
+                )));
+            }
+        }
+        self.describe(name.as_str(), caller).await
     }
 }
 

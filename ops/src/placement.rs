@@ -71,6 +71,18 @@ pub enum ShardCommand {
         /// `collection/shard`, e.g. `docs/2`.
         shard: String,
     },
+    /// Take a replica that disagrees with the primary out of the in-sync
+    /// set: it is seeded anew from the primary and rejoins.
+    Resync {
+        /// `collection/shard`, e.g. `docs/2`.
+        shard: String,
+        /// The node of the replica to seed anew (not the primary's).
+        #[arg(long)]
+        node: String,
+        /// Return once it is taken out, not once it is in sync again.
+        #[arg(long)]
+        no_wait: bool,
+    },
 }
 
 /// `collection/shard` as the commands take it.
@@ -174,6 +186,17 @@ pub async fn shard(endpoint: &str, cmd: ShardCommand) -> anyhow::Result<()> {
             }
             anyhow::ensure!(r.agree, "{collection}/{shard}: the in-sync replicas DISAGREE (or one did not answer)");
             println!("{collection}/{shard}: the in-sync replicas agree");
+        }
+        ShardCommand::Resync { shard, node, no_wait } => {
+            let (collection, shard) = parse_shard(&shard)?;
+            let req = v1::ResyncReplicaRequest { collection: collection.clone(), shard, node: node.clone(), wait: !no_wait };
+            let info = client.resync_replica(req).await?.into_inner();
+            let state = info
+                .shards
+                .get(shard as usize)
+                .and_then(|s| s.replicas.iter().find(|r| r.node == node))
+                .map_or("gone", |r| r.state.as_str());
+            println!("{collection}/{shard}: the replica on {node} is {state}");
         }
     }
     Ok(())

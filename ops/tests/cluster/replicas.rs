@@ -338,3 +338,42 @@ async fn a_drain_drops_copies_out_of_sync_and_moves_the_others() {
     assert_exact(&mut tc.client, &all, &mut rng, "after the drain").await;
     tc.cluster.shutdown().await.unwrap();
 }
+
+/// A follower that was written behind the coordinator's back disagrees
+/// with the primary; `ResyncReplica` takes it out of the in-sync set and
+/// the controller seeds it anew from the primary, after which the copies
+/// agree. The primary itself is not resynced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_disagrees_is_resynced_from_the_primary() {
+    let mut rng = rng("a_replica_that_disagrees_is_resynced_from_the_primary");
+    let mut tc = cluster(2).await;
+    create_replicated(&mut tc.client, "docs", 1, 2, 1).await;
+    let all = points(&mut rng, DIM as usize, 0..200);
+    ingest(&mut tc.client, vec![batch("docs", "job", 1, all.clone())]).await.unwrap();
+    let shard = describe(&mut tc.client, "docs").await.shards.remove(0);
+    let (primary, follower) = (shard.replicas[0].node.clone(), shard.replicas[1].node.clone());
+    let i: usize = follower.trim_start_matches("shard-").parse().unwrap();
+    let addr = tc.cluster.nodes[i].as_ref().unwrap().addr;
+    let mut direct = shoal_proto::v1::shard_node_client::ShardNodeClient::connect(format!("http://{addr}")).await.unwrap();
+    let stray = v1::ApplyBatchRequest {
+        shard: Some(v1::ShardId { collection: "docs".into(), shard: 0 }),
+        points: points(&mut rng, DIM as usize, 0..1),
+        ..Default::default()
+    };
+    direct.apply_batch(stray).await.unwrap();
+    assert!(!verify(&mut tc.client, "docs", 0).await.agree, "the follower's point 0 differs");
+
+    let e = tc
+        .client
+        .resync_replica(v1::ResyncReplicaRequest { collection: "docs".into(), shard: 0, node: primary, wait: true })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let req = v1::ResyncReplicaRequest { collection: "docs".into(), shard: 0, node: follower.clone(), wait: true };
+    let info = tc.client.resync_replica(req).await.unwrap().into_inner();
+    assert!(info.shards[0].replicas.iter().all(|r| r.state == "active"), "{info:?}");
+    let v = verify(&mut tc.client, "docs", 0).await;
+    assert!(v.agree && v.replicas.len() == 2, "{v:?}");
+    assert_exact(&mut tc.client, &all, &mut rng, "after the resync").await;
+    tc.cluster.shutdown().await.unwrap();
+}
