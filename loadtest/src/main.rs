@@ -1,6 +1,7 @@
 //! `shoal-loadtest`: shoal's benchmarks. Performance targets live here,
 //! never in timed tests.
 
+mod chaos;
 mod cluster_bench;
 mod compare;
 mod disk_bench;
@@ -62,6 +63,11 @@ enum Command {
     /// Mount a FUSE passthrough that adds latency to every read (a
     /// simulated network disk).
     Slowfs(slowfs::Args),
+    /// Issue 20's chaos run: processes on etcd under ingest and search
+    /// while nodes, the controller and etcd are killed, stopped and
+    /// restarted; then every acknowledged point is read back
+    /// (docs/replication.md).
+    Chaos(chaos::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -87,5 +93,6 @@ fn main() -> anyhow::Result<()> {
         Command::Ingest(a) => load::ingest::run(a),
         Command::Query(a) => load::query::run(a),
         Command::Mixed(a) => load::mixed::run(a),
+        Command::Chaos(a) => chaos::run(a),
     }
 }

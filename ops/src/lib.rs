@@ -1,8 +1,10 @@
 //! shoal's operator tooling: `shoalctl` (status, collections, the embedded
 //! `dev` cluster and the `demo`), and the embedded cluster itself, which the
 //! cluster tests and benchmarks share, and clusters of separate processes
-//! (`procs`) for the tests that kill and stop them.
+//! (`procs`) for the tests that kill and stop them, and the chaos run
+//! (`chaos`) on such a cluster.
 
+pub mod chaos;
 pub mod ctl;
 pub mod demo;
 pub mod demo_data;

@@ -7,6 +7,7 @@
 //! tests need no build step beyond their own. Tests run one at a time
 //! (they time what processes do, on a machine with few cores).
 
+mod chaos;
 mod codes;
 mod common;
 mod connections;
@@ -63,6 +64,7 @@ fn main() -> ExitCode {
             "etcd_controller_and_node_deaths_are_noticed_within_a_lease",
             control_plane::etcd_controller_and_node_deaths_are_noticed_within_a_lease,
         ),
+        trial("etcd_chaos_a_short_run_loses_nothing", chaos::etcd_chaos_a_short_run_loses_nothing),
         trial(
             "a_stopped_replica_costs_a_search_a_hedge_not_its_deadline",
             replicas::a_stopped_replica_costs_a_search_a_hedge_not_its_deadline,
