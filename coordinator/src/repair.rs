@@ -97,6 +97,15 @@ pub(crate) fn next_work(
                     return Some(Work::Forget(name.clone(), shard, r.node.clone()));
                 }
             }
+            // A copy still marked in sync on a node gone too long: no write
+            // reached its shard since the node died (a write would have
+            // marked it dead). It is forgotten all the same, but only while
+            // another in-sync copy lives on a member: the last one holds the
+            // only data (`shard recover` is for that).
+            let gone_too_long = |n: &NodeId| gone_for(n).is_some_and(|d| d >= repair_after);
+            if let Some(r) = forgettable_in_sync(p, |n| view.member(n).is_some(), gone_too_long) {
+                return Some(Work::Forget(name.clone(), shard, r.clone()));
+            }
             let has_target = || view.placeable().any(|m| !p.holds(&m.id) && up(&m.id));
             if p.replicas.len() < factor && add.is_none() && has_target() {
                 add = Some(Work::AddCopy(name.clone(), shard));
@@ -104,6 +113,13 @@ pub(crate) fn next_work(
         }
     }
     add
+}
+
+/// An in-sync copy on a node gone too long, if another in-sync copy lives
+/// on a member node.
+fn forgettable_in_sync(p: &ShardPlacement, member: impl Fn(&NodeId) -> bool, gone_too_long: impl Fn(&NodeId) -> bool) -> Option<&NodeId> {
+    let lives = p.in_sync().any(|r| member(&r.node));
+    p.in_sync().map(|r| &r.node).find(|n| lives && !member(n) && gone_too_long(n))
 }
 
 /// The replica `Trim` removes: an out-of-sync one if any, else the last
@@ -201,13 +217,22 @@ impl Cluster {
             Work::AddCopy(name, shard) => self.record_copy(name, *shard, None).await,
             Work::Forget(name, shard, node) => {
                 let forgotten = self
-                    .change_shard(name, *shard, |p, view| match p.replica(node) {
-                        Some(r) if r.state != ReplicaState::Active && p.moving.is_none() && view.member(node).is_none() => {
-                            let mut next = p.clone();
-                            next.replicas.retain(|r| &r.node != node);
-                            Ok(Some(next))
+                    .change_shard(name, *shard, |p, view| {
+                        let member = |n: &NodeId| view.member(n).is_some();
+                        let forgettable = match p.replica(node) {
+                            Some(r) if r.state != ReplicaState::Active => !member(node),
+                            // The decision was made on the controller's
+                            // clock; here only the rule that another
+                            // in-sync copy lives is checked again.
+                            Some(_) => forgettable_in_sync(p, member, |_| true) == Some(node),
+                            None => false,
+                        };
+                        if !forgettable || p.moving.is_some() {
+                            return Ok(None);
                         }
-                        _ => Ok(None),
+                        let mut next = p.clone();
+                        next.replicas.retain(|r| &r.node != node);
+                        Ok(Some(next))
                     })
                     .await?;
                 if forgotten.is_some() {
@@ -339,6 +364,24 @@ mod tests {
         assert_eq!(work(&v, None), Some(Work::AddCopy(docs.clone(), 0)));
         let v = view(2, vec![placement(&[("n0", Active)])], &["n0"]);
         assert_eq!(work(&v, None), None, "no node to copy to");
+    }
+
+    #[test]
+    fn an_in_sync_copy_on_a_node_gone_too_long_is_forgotten_unless_it_is_the_last_live_one() {
+        let docs = CollectionName::parse("docs").unwrap();
+        // No write reached the shard since n1 died: its copy is still active.
+        let v = view(2, vec![placement(&[("n0", Active), ("n1", Active)])], &["n0", "n2"]);
+        assert_eq!(work(&v, Some(Duration::from_secs(10))), None, "gone briefly: wait for it");
+        let gone = |n: &NodeId| (n.as_str() == "n1").then_some(FIVE_MIN);
+        assert_eq!(next_work(&v, gone, FIVE_MIN, |_| true, |_, _| false), Some(Work::Forget(docs.clone(), 0, node("n1"))));
+        // The primary's node is the one gone: forgotten too, n1 is primary then.
+        let v = view(2, vec![placement(&[("n0", Active), ("n1", Active)])], &["n1", "n2"]);
+        assert_eq!(work(&v, Some(FIVE_MIN)), Some(Work::Forget(docs.clone(), 0, node("n0"))));
+        // Every in-sync copy is on a gone node: keep them (the data is there).
+        let v = view(2, vec![placement(&[("n0", Active), ("n1", Active)])], &["n2"]);
+        assert_eq!(work(&v, Some(FIVE_MIN)), None);
+        let v = view(1, vec![placement(&[("n0", Active)])], &["n2"]);
+        assert_eq!(work(&v, Some(FIVE_MIN)), None, "a single copy is recovered by an operator, not forgotten");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use shoal_ops::chaos::{ChaosConfig, run as run_chaos};
 use shoal_ops::procs::Launcher;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Where `shoal-shard-node` and `shoal-coordinator` are.
     #[arg(long, default_value = "target/release")]
     bin_dir: PathBuf,
@@ -41,7 +41,7 @@ pub struct Args {
     json: Option<PathBuf>,
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let dir = a.dir.clone().unwrap_or_else(|| tmp.path().to_owned());
     let mut cfg = ChaosConfig::new(Launcher::Binaries(a.bin_dir.clone()), dir);

@@ -68,7 +68,8 @@ pub enum ShardCommand {
     /// digests its points and offsets; the in-sync ones must agree (exits
     /// with an error if they do not).
     Verify {
-        /// `collection/shard`, e.g. `docs/2`.
+        /// `collection/shard`, e.g. `docs/2`, or a collection name: every
+        /// shard of it.
         shard: String,
     },
     /// Take a replica that disagrees with the primary out of the in-sync
@@ -166,26 +167,20 @@ pub async fn shard(endpoint: &str, cmd: ShardCommand) -> anyhow::Result<()> {
             }
         }
         ShardCommand::Verify { shard } => {
-            let (collection, shard) = parse_shard(&shard)?;
-            let r = client.verify_shard(v1::VerifyShardRequest { collection: collection.clone(), shard }).await?.into_inner();
-            for d in &r.replicas {
-                if d.error.is_empty() {
-                    let offsets: Vec<String> = d.offsets.iter().map(|o| format!("{}@{}", o.source, o.offset)).collect();
-                    println!(
-                        "{:<12} {:<10} points {:<10} digest {}  batch {}  offsets {}",
-                        d.node,
-                        d.state,
-                        d.points,
-                        d.digest.get(..16).unwrap_or(&d.digest),
-                        d.last_seq,
-                        offsets.join(" ")
-                    );
-                } else {
-                    println!("{:<12} {:<10} no answer: {}", d.node, d.state, d.error);
+            let shards = match shard.contains('/') {
+                true => vec![parse_shard(&shard)?],
+                false => {
+                    let c = client.describe_collection(v1::DescribeCollectionRequest { name: shard.clone() }).await?.into_inner();
+                    (0..c.shard_count).map(|i| (shard.clone(), i)).collect()
+                }
+            };
+            let mut disagree = Vec::new();
+            for (collection, shard) in shards {
+                if !verify(&mut client, &collection, shard).await? {
+                    disagree.push(format!("{collection}/{shard}"));
                 }
             }
-            anyhow::ensure!(r.agree, "{collection}/{shard}: the in-sync replicas DISAGREE (or one did not answer)");
-            println!("{collection}/{shard}: the in-sync replicas agree");
+            anyhow::ensure!(disagree.is_empty(), "the in-sync replicas DISAGREE (or one did not answer): {}", disagree.join(" "));
         }
         ShardCommand::Resync { shard, node, no_wait } => {
             let (collection, shard) = parse_shard(&shard)?;
@@ -200,6 +195,37 @@ pub async fn shard(endpoint: &str, cmd: ShardCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Prints every replica's digest of one shard; whether the in-sync ones
+/// agree.
+async fn verify(
+    client: &mut shoal_proto::v1::shoal_client::ShoalClient<tonic::transport::Channel>,
+    collection: &str,
+    shard: u32,
+) -> anyhow::Result<bool> {
+    let r = client.verify_shard(v1::VerifyShardRequest { collection: collection.to_owned(), shard }).await?.into_inner();
+    for d in &r.replicas {
+        if d.error.is_empty() {
+            let offsets: Vec<String> = d.offsets.iter().map(|o| format!("{}@{}", o.source, o.offset)).collect();
+            println!(
+                "{collection}/{shard} {:<12} {:<10} points {:<10} digest {}  batch {}  offsets {}",
+                d.node,
+                d.state,
+                d.points,
+                d.digest.get(..16).unwrap_or(&d.digest),
+                d.last_seq,
+                offsets.join(" ")
+            );
+        } else {
+            println!("{collection}/{shard} {:<12} {:<10} no answer: {}", d.node, d.state, d.error);
+        }
+    }
+    match r.agree {
+        true => println!("{collection}/{shard}: the in-sync replicas agree"),
+        false => println!("{collection}/{shard}: the in-sync replicas DISAGREE (or one did not answer)"),
+    }
+    Ok(r.agree)
 }
 
 pub async fn rebalance(endpoint: &str, dry_run: bool, no_wait: bool, timeout: u64) -> anyhow::Result<()> {

@@ -26,7 +26,8 @@ async fn run(args: &[&str]) -> anyhow::Result<Report> {
         | Command::Synth(_)
         | Command::Hardening(_)
         | Command::OtlpSink(_)
-        | Command::Slowfs(_) => anyhow::bail!("not a load command"),
+        | Command::Slowfs(_)
+        | Command::Chaos(_) => anyhow::bail!("not a load command"),
     }
 }
 

@@ -44,6 +44,12 @@ impl DevCluster {
     /// `nodes` shard nodes and `coordinators` coordinators on `etcd`, under
     /// a prefix of their own; returns once every node is registered.
     pub(crate) fn start(etcd: &str, nodes: usize, coordinators: usize) -> DevCluster {
+        DevCluster::start_with_env(etcd, nodes, coordinators, &[])
+    }
+
+    /// [`DevCluster::start`] with settings for every process it runs
+    /// (`SHOAL_COORD_*`, `SHOAL_SHARD_*`).
+    pub(crate) fn start_with_env(etcd: &str, nodes: usize, coordinators: usize, env: &[(&str, &str)]) -> DevCluster {
         let dir = tempfile::tempdir().unwrap();
         // Port 0: each coordinator binds a free port itself. A port picked
         // here and bound later can be taken meanwhile by any socket of the
@@ -55,6 +61,7 @@ impl DevCluster {
             .args(["--shard-nodes", &nodes.to_string(), "--coordinators", &coordinators.to_string(), "--port", &port.to_string()])
             .arg("--data-dir")
             .arg(dir.path())
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -97,6 +104,15 @@ impl DevCluster {
             return None;
         };
         Some(DevCluster::start(&etcd, nodes, coordinators))
+    }
+
+    /// [`DevCluster::on_test_etcd`] with [`DevCluster::start_with_env`]'s settings.
+    pub(crate) fn on_test_etcd_with_env(test: &str, nodes: usize, coordinators: usize, env: &[(&str, &str)]) -> Option<DevCluster> {
+        let Some(etcd) = test_etcd() else {
+            eprintln!("SKIPPED {test}: SHOAL_TEST_ETCD_ENDPOINT is not set");
+            return None;
+        };
+        Some(DevCluster::start_with_env(&etcd, nodes, coordinators, env))
     }
 
     /// The snapshot store its nodes share.

@@ -342,3 +342,159 @@ fn etcd_runbooks_start_a_cluster_with_s3_then_etcd_is_down() {
     let listed = shoalctl(&endpoint, &["snapshot", "list", "docs"]);
     assert!(listed.lines().count() >= 2, "the snapshot is listed from the store: {listed}");
 }
+
+/// Lease and repair delay short enough for a test: a dead node leaves the
+/// membership within 2 s and its copies are repaired 3 s later.
+const FAST_REPAIR: [(&str, &str); 3] =
+    [("SHOAL_SHARD_CLUSTER__LEASE_TTL_MS", "2000"), ("SHOAL_COORD_CLUSTER__LEASE_TTL_MS", "2000"), ("SHOAL_COORD_REPAIR_AFTER_MS", "3000")];
+
+/// `(node, state)` of every replica of every shard of `docs`, by shard.
+fn replicas_of(endpoint: &str) -> Vec<Vec<(String, String)>> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut client = shoal_proto::v1::shoal_client::ShoalClient::connect(endpoint.to_owned()).await.unwrap();
+        let c = client.describe_collection(v1::DescribeCollectionRequest { name: "docs".into() }).await.unwrap().into_inner();
+        c.shards.iter().map(|s| s.replicas.iter().map(|r| (r.node.clone(), r.state.clone())).collect()).collect()
+    })
+}
+
+/// Waits until no node named by `dev`'s `id` is a member.
+fn wait_gone(endpoint: &str, id: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while shoalctl(endpoint, &["node", "list"]).contains(&format!("{id} ")) {
+        assert!(std::time::Instant::now() < deadline, "{id} never left the membership");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn etcd_runbook_replication_factor() {
+    let Some(dev) = DevCluster::on_test_etcd("etcd_runbook_replication_factor", 3, 1) else { return };
+    let endpoint = dev.endpoint();
+    shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "3"]);
+    ingest_job(&endpoint, 1..=4);
+    let env = [("SHOAL_ENDPOINT", endpoint.clone()), ("COLLECTION", "docs".to_owned()), ("FACTOR", "2".to_owned())];
+    let cwd = tempfile::tempdir().unwrap();
+    run_runbook_hooked("replication-factor.md", &env, cwd.path(), |i| {
+        if i == 4 {
+            // Before "lowering": what the first four blocks promised. Every
+            // shard has two in-sync copies on distinct nodes, writes need
+            // both, and ingest still flows.
+            for (s, replicas) in replicas_of(&endpoint).iter().enumerate() {
+                assert_eq!(replicas.len(), 2, "shard {s}: {replicas:?}");
+                assert!(replicas.iter().all(|(_, state)| state == "active"), "shard {s}: {replicas:?}");
+                assert_ne!(replicas[0].0, replicas[1].0, "shard {s}: copies on one node");
+            }
+            let acks = ingest_job(&endpoint, 5..=6);
+            assert!(acks.iter().all(|a| a.status == v1::BatchStatus::Applied as i32), "{acks:?}");
+        }
+    });
+    // Lowered again: one copy per shard, every point there once.
+    assert!(replicas_of(&endpoint).iter().all(|r| r.len() == 1), "{:?}", replicas_of(&endpoint));
+    assert_eq!(points_of(&endpoint, "docs"), 600);
+    dev.interrupt();
+}
+
+#[test]
+fn etcd_runbook_a_replicated_node_died() {
+    let Some(dev) = DevCluster::on_test_etcd_with_env("etcd_runbook_a_replicated_node_died", 3, 1, &FAST_REPAIR) else { return };
+    let endpoint = dev.endpoint();
+    shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "3", "--replication-factor", "2"]);
+    ingest_job(&endpoint, 1..=5);
+    let held = |node: &str| replicas_of(&endpoint).iter().filter(|r| r.iter().any(|(n, _)| n == node)).count();
+    assert!(held("shard-1") >= 1, "{:?}", replicas_of(&endpoint));
+    // No write follows the kill: its copies are still marked in sync when
+    // the repair delay ends, and are repaired all the same.
+    dev.kill("shard-1");
+    run_runbook("a-replicated-node-died.md", &[("SHOAL_ENDPOINT", endpoint.clone())]);
+
+    // As it says: every shard has two in-sync copies again, none on the
+    // dead node, and nothing was lost; ingest goes on.
+    for (s, replicas) in replicas_of(&endpoint).iter().enumerate() {
+        assert_eq!(replicas.len(), 2, "shard {s}: {replicas:?}");
+        assert!(replicas.iter().all(|(n, state)| n != "shard-1" && state == "active"), "shard {s}: {replicas:?}");
+    }
+    assert_eq!(points_of(&endpoint, "docs"), 500);
+    let acks = ingest_job(&endpoint, 1..=6);
+    assert!(acks[..5].iter().all(|a| a.status == v1::BatchStatus::Skipped as i32), "{acks:?}");
+    assert_eq!(points_of(&endpoint, "docs"), 600);
+    dev.interrupt();
+}
+
+#[test]
+fn etcd_runbook_replace_a_node() {
+    let Some(dev) = DevCluster::on_test_etcd_with_env("etcd_runbook_replace_a_node", 3, 1, &FAST_REPAIR) else { return };
+    let endpoint = dev.endpoint();
+    shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "4", "--replication-factor", "2"]);
+    ingest_job(&endpoint, 1..=4);
+    dev.kill("shard-2");
+    // Writes go on while it is gone (its copies leave the in-sync set).
+    let acks = ingest_job(&endpoint, 5..=6);
+    assert!(acks.iter().all(|a| a.status == v1::BatchStatus::Applied as i32), "{acks:?}");
+    wait_gone(&endpoint, "shard-2");
+
+    let cwd = tempfile::tempdir().unwrap();
+    let _stop = PidFiles(cwd.path());
+    let env = [
+        ("SHOAL_ENDPOINT", endpoint.clone()),
+        ("ETCD", dev.etcd.clone()),
+        ("ETCD_PREFIX", dev.prefix.clone()),
+        ("OLD_NODE", "shard-2".to_owned()),
+        ("NEW_NODE", "shard-9".to_owned()),
+        ("SHOAL_SHARD_SNAPSHOT__URL", dev.snapshots().display().to_string()),
+        ("SHOAL_SHARD_CLUSTER__LEASE_TTL_MS", "2000".to_owned()),
+    ];
+    run_runbook_in("replace-a-node.md", &env, cwd.path());
+
+    // As it says: the old node is in no placement, every shard has two
+    // in-sync copies on distinct nodes, the new node holds some, and every
+    // acknowledged point is there.
+    let replicas = replicas_of(&endpoint);
+    for (s, r) in replicas.iter().enumerate() {
+        assert_eq!(r.len(), 2, "shard {s}: {r:?}");
+        assert!(r.iter().all(|(n, state)| n != "shard-2" && state == "active"), "shard {s}: {r:?}");
+        assert_ne!(r[0].0, r[1].0, "shard {s}: {r:?}");
+    }
+    assert!(replicas.iter().flatten().filter(|(n, _)| n == "shard-9").count() >= 2, "the new node took its share: {replicas:?}");
+    assert_eq!(points_of(&endpoint, "docs"), 600);
+    dev.interrupt();
+}
+
+#[test]
+fn etcd_runbook_replicas_disagree() {
+    let Some(dev) = DevCluster::on_test_etcd("etcd_runbook_replicas_disagree", 2, 1) else { return };
+    let endpoint = dev.endpoint();
+    shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "2", "--replication-factor", "2"]);
+    ingest_job(&endpoint, 1..=3);
+    // A client writes to shard 1's follower directly, behind the
+    // coordinator's back: point 1 gets another vector there only.
+    let follower = replicas_of(&endpoint)[1][1].0.clone();
+    let nodes = shoalctl(&endpoint, &["node", "list"]);
+    let addr = nodes
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{follower} ")).and_then(|r| r.split_whitespace().next()))
+        .unwrap_or_else(|| panic!("{follower} in {nodes}"))
+        .to_owned();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let url = if addr.contains("://") { addr.clone() } else { format!("http://{addr}") };
+        let mut direct = shoal_proto::v1::shard_node_client::ShardNodeClient::connect(url).await.unwrap();
+        let stray = v1::ApplyBatchRequest {
+            shard: Some(v1::ShardId { collection: "docs".into(), shard: 1 }),
+            points: points(&mut rng("a stray write"), 8, 1..2),
+            ..Default::default()
+        };
+        direct.apply_batch(stray).await.unwrap();
+    });
+    let before = Command::new(env!("CARGO_BIN_EXE_shoalctl")).args(["--endpoint", &endpoint, "shard", "verify", "docs"]).output().unwrap();
+    assert!(!before.status.success(), "verify sees the disagreement: {}", String::from_utf8_lossy(&before.stdout));
+
+    let cwd = tempfile::tempdir().unwrap();
+    run_runbook_in("replicas-disagree.md", &[("SHOAL_ENDPOINT", endpoint.clone()), ("COLLECTION", "docs".to_owned())], cwd.path());
+    // It found shard 1 only, and resynced the follower (not the primary).
+    assert_eq!(std::fs::read_to_string(cwd.path().join("disagree.txt")).unwrap().trim(), "docs/1");
+    assert_eq!(std::fs::read_to_string(cwd.path().join("resync.txt")).unwrap().trim(), follower);
+    assert!(replicas_of(&endpoint).iter().flatten().all(|(_, state)| state == "active"));
+    assert_eq!(points_of(&endpoint, "docs"), 300);
+    dev.interrupt();
+}
