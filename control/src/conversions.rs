@@ -2,7 +2,7 @@
 //! `v1::` messages become domain types and back. A message that does not
 //! convert is the sender's mistake and gets INVALID_ARGUMENT.
 
-use shoal_proto::{ShoalError, v1};
+use shoal_proto::{NodeId, ShoalError, v1};
 
 use crate::model::{Collection, CollectionSpec, IndexParams, Metric};
 
@@ -83,8 +83,12 @@ pub fn collection_info(c: &Collection, shards: Vec<v1::ShardInfo>) -> v1::Collec
 }
 
 /// A shard's replicas as the public API lists them.
-pub fn replicas_info(p: &crate::model::ShardPlacement) -> Vec<v1::ReplicaInfo> {
-    p.replicas.iter().map(|r| v1::ReplicaInfo { node: r.node.to_string(), state: r.state.as_str().to_owned() }).collect()
+/// The replicas of a placement, each with whether its node is `up`.
+pub fn replicas_info(p: &crate::model::ShardPlacement, up: impl Fn(&NodeId) -> bool) -> Vec<v1::ReplicaInfo> {
+    p.replicas
+        .iter()
+        .map(|r| v1::ReplicaInfo { node: r.node.to_string(), state: r.state.as_str().to_owned(), node_up: up(&r.node) })
+        .collect()
 }
 
 #[cfg(test)]

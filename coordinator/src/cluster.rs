@@ -413,6 +413,8 @@ impl Cluster {
                 client.get_shard_stats(v1::ShardStatsRequest { shard }, timeout).await
             })
             .await;
+        let view = self.meta.view();
+        let up = |n: &NodeId| view.member(n).is_some() && self.node_up(n);
         let mut out: Vec<v1::ShardInfo> = c
             .shards
             .iter()
@@ -420,7 +422,7 @@ impl Cluster {
             .map(|(i, p)| v1::ShardInfo {
                 shard: i as u32,
                 node: p.node().to_string(),
-                replicas: shoal_control::conversions::replicas_info(p),
+                replicas: shoal_control::conversions::replicas_info(p, up),
                 epoch: p.epoch,
                 moving: p.moving.as_ref().map(|m| crate::moves::move_info(&c.name, i as u32, m, m.phase.as_str())),
                 ..Default::default()

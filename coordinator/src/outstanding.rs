@@ -114,7 +114,9 @@ mod tests {
         let o = Outstanding::default();
         let a = NodeId::parse("a").unwrap();
         assert_eq!(o.p95(&a), None);
-        for ms in 1..=100 {
+        // Refreshed at the first answer and every REFRESH_EVERY after it:
+        // the 101st answer refreshes it over all of 1..=101 ms.
+        for ms in 1..=101 {
             o.answered(&a, Duration::from_millis(ms));
         }
         assert_eq!(o.p95(&a), Some(Duration::from_millis(96)));

@@ -6,7 +6,7 @@ mod cluster_bench;
 mod compare;
 mod disk_bench;
 mod disk_compare;
-mod fvecs;
+use shoal_ops::vectors::fvecs;
 mod groundtruth;
 mod hardening;
 mod index_bench;

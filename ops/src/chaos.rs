@@ -1,15 +1,18 @@
 //! The chaos run of issue 20 (docs/replication.md, "Chaos"): separate
 //! processes on loopback (an etcd of its own, coordinators, shard nodes),
-//! a replicated collection, ingest streams and search clients running
-//! throughout, and faults on a schedule: a shard node SIGKILLed and
-//! restarted (after a short pause it rejoins; after a long one its copies
-//! are repaired elsewhere first), a node SIGSTOPped for a while, the
-//! controller coordinator SIGKILLed and restarted, etcd restarted. At the
-//! end, from the streams' own records and a full read of every point:
-//! acknowledged points missing, stale or phantom points, replicas that
-//! disagree, failed and partial searches, recall and p99 during faults
-//! against the quiet start, and how long ingest and replicas took to
-//! recover. `shoal-loadtest chaos` runs it long; a bounded run is a test.
+//! two replicated collections (one written, one not: recall is measured
+//! on the one whose data does not change), ingest streams and search
+//! clients running throughout, and faults on a schedule: a shard node
+//! SIGKILLed and restarted (after a short pause it rejoins; after a long
+//! one its copies are repaired elsewhere first), a node SIGSTOPped for a
+//! while, the controller coordinator SIGKILLed and restarted, etcd
+//! restarted; node faults one at a time (only while every shard has its
+//! copies in sync). At the end, from the streams' own records and a full
+//! read of every point: acknowledged points missing, stale or phantom
+//! points, replicas that disagree, failed and partial searches, recall and
+//! p99 during faults against the quiet start, and how long ingest and
+//! replicas took to recover. `shoal-loadtest chaos` runs it long; a
+//! bounded run is a test.
 //!
 //! Every search and write goes to loopback only, bounded in count by the
 //! run's duration.
@@ -102,6 +105,11 @@ pub struct ChaosReport {
     /// Searches that reached a coordinator only after its peer refused the
     /// connection (the killed controller): counted, not failed.
     pub searches_redirected: u64,
+    /// Failed searches by code and message (digits left out), most first.
+    pub search_failures: Vec<(String, u64)>,
+    /// Searches under faults that answered whole but found fewer than half
+    /// of the true top 10 (a copy that lacks points would show here).
+    pub low_recall_searches: u64,
     pub quiet_recall: f64,
     pub fault_recall: f64,
     pub quiet_p99_ms: f64,
@@ -201,6 +209,15 @@ impl ChaosReport {
         let mut out = String::from("| measured | figure | target |\n|---|---|---|\n");
         for (what, figure, target) in rows {
             out.push_str(&format!("| {what} | {figure} | {target} |\n"));
+        }
+        if self.low_recall_searches > 0 {
+            out.push_str(&format!("\n{} searches under faults answered whole with recall below 0.5\n", self.low_recall_searches));
+        }
+        if !self.search_failures.is_empty() {
+            out.push_str("\nfailed searches by kind:\n");
+            for (kind, n) in &self.search_failures {
+                out.push_str(&format!("  {n:>9}  {kind}\n"));
+            }
         }
         out
     }
@@ -313,7 +330,12 @@ struct Searched {
     ok: bool,
     partial: bool,
     redirected: bool,
+    /// Of the collection whose recall is measured.
+    measured: bool,
     recall: f64,
+    /// A failed search's code and message, digits left out so that like
+    /// failures count together.
+    error: Option<String>,
 }
 
 /// One stream's acknowledged batch.
@@ -334,6 +356,15 @@ struct Timeline {
     repair_s: Vec<f64>,
     faults: BTreeMap<String, u64>,
 }
+
+/// `chaos` takes the ingest streams; `still` holds the base points only,
+/// so that recall is measured on data that does not change: the same
+/// nodes hold both, and every fault hits both. (Recall measured on the
+/// collection being filled would fall as it grows whatever the faults:
+/// the ingested points are kept out of every query's top 10 by putting
+/// them far away, and a graph mostly made of them is a longer walk to
+/// the base points.)
+const COLLECTIONS: [&str; 2] = ["chaos", "still"];
 
 /// Vectors of an ingested batch, made again from its seed for the check.
 fn batch_vectors(seed: u64, n: usize, dim: usize) -> Vec<Vec<f32>> {
@@ -416,21 +447,23 @@ async fn drive(
     let data = Arc::new(data(cfg, rng));
     let clients = Clients::connect(endpoints)?;
     let mut admin = clients.clients[0].clone();
-    let create = v1::CreateCollectionRequest {
-        name: "chaos".into(),
-        dimension: cfg.dim as u32,
-        metric: v1::Metric::Euclidean as i32,
-        shard_count: cfg.shards,
-        replication_factor: cfg.replication_factor,
-        ..Default::default()
-    };
-    admin.create_collection(create).await.context("creating the collection")?;
-    for (n, chunk) in data.base.chunks(500).enumerate() {
-        let points =
-            chunk.iter().enumerate().map(|(j, v)| v1::Point { id: (n * 500 + j) as u64, vector: v.clone(), payload: None }).collect();
-        let req = v1::IngestRequest { collection: "chaos".into(), source: "base".into(), offset: n as u64 + 1, points, deletes: vec![] };
-        let mut acks = admin.ingest(tokio_stream::iter(vec![req])).await?.into_inner();
-        acks.message().await?.context("no ack for a base batch")?;
+    for name in COLLECTIONS {
+        let create = v1::CreateCollectionRequest {
+            name: name.into(),
+            dimension: cfg.dim as u32,
+            metric: v1::Metric::Euclidean as i32,
+            shard_count: cfg.shards,
+            replication_factor: cfg.replication_factor,
+            ..Default::default()
+        };
+        admin.create_collection(create).await.with_context(|| format!("creating {name}"))?;
+        for (n, chunk) in data.base.chunks(500).enumerate() {
+            let points =
+                chunk.iter().enumerate().map(|(j, v)| v1::Point { id: (n * 500 + j) as u64, vector: v.clone(), payload: None }).collect();
+            let req = v1::IngestRequest { collection: name.into(), source: "base".into(), offset: n as u64 + 1, points, deletes: vec![] };
+            let mut acks = admin.ingest(tokio_stream::iter(vec![req])).await?.into_inner();
+            acks.message().await?.context("no ack for a base batch")?;
+        }
     }
 
     let started = Instant::now();
@@ -546,7 +579,11 @@ async fn search_loop(
     let mut at = rng.random_range(0..clients.clients.len());
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let (q, truth) = &data.queries[rng.random_range(0..data.queries.len())];
-        let req = v1::SearchRequest { collection: "chaos".into(), vector: q.clone(), k: 10, ef: 64, ..Default::default() };
+        // Every other search reads the collection being written; recall is
+        // measured on the other (see COLLECTIONS).
+        let measured = rng.random_bool(0.5);
+        let collection = if measured { "still" } else { "chaos" };
+        let req = v1::SearchRequest { collection: collection.into(), vector: q.clone(), k: 10, ef: 64, ..Default::default() };
         let t0 = Instant::now();
         let at_s = started.elapsed();
         let mut redirected = false;
@@ -568,16 +605,54 @@ async fn search_loop(
             Some(Ok(r)) => {
                 let r = r.into_inner();
                 let found = r.hits.iter().filter(|h| truth.contains(&h.id)).count();
-                Searched { at: at_s, took, ok: true, partial: r.partial, redirected, recall: found as f64 / 10.0 }
+                Searched { at: at_s, took, ok: true, partial: r.partial, redirected, measured, recall: found as f64 / 10.0, error: None }
             }
-            _ => Searched { at: at_s, took, ok: false, partial: false, redirected, recall: 0.0 },
+            Some(Err(e)) => {
+                let error = Some(failure_kind(&e));
+                Searched { at: at_s, took, ok: false, partial: false, redirected, measured, recall: 0.0, error }
+            }
+            None => {
+                let error = Some("no coordinator answered".to_owned());
+                Searched { at: at_s, took, ok: false, partial: false, redirected, measured, recall: 0.0, error }
+            }
         };
         out.push(s);
     }
     out
 }
 
-/// The faults, one at a time, rotating through the kinds.
+/// A failure's code and message with digits left out (ports, ids,
+/// durations), so that failures of one kind count together.
+fn failure_kind(e: &tonic::Status) -> String {
+    let message: String = e.message().chars().filter(|c| !c.is_ascii_digit()).take(160).collect();
+    format!("{:?}: {message}", e.code())
+}
+
+/// A shard node (by index) whose loss leaves every shard with an in-sync
+/// copy on a node that is up, picked at random among those; `None` if
+/// there is none (or the status cannot be read).
+async fn node_safe_to_lose(admin: &mut ShoalClient<Channel>, nodes: usize, rng: &mut StdRng) -> Option<usize> {
+    let mut shards = Vec::new();
+    for name in COLLECTIONS {
+        shards.extend(admin.describe_collection(v1::DescribeCollectionRequest { name: name.into() }).await.ok()?.into_inner().shards);
+    }
+    let serving = |r: &v1::ReplicaInfo| r.state == "active" && r.node_up;
+    let safe: Vec<usize> = (0..nodes)
+        .filter(|n| {
+            let id = format!("shard-{n}");
+            let up = shards.iter().flat_map(|s| &s.replicas).all(|r| r.node != id || r.node_up);
+            up && shards.iter().all(|s| !s.replicas.iter().any(|r| r.node == id) || s.replicas.iter().any(|r| r.node != id && serving(r)))
+        })
+        .collect();
+    (!safe.is_empty()).then(|| safe[rng.random_range(0..safe.len())])
+}
+
+/// The faults, one at a time, rotating through the kinds. A node fault
+/// (SIGKILL, SIGSTOP) hits a node whose every shard has another copy in
+/// sync on a node that is up: with two copies, a node lost while a shard's
+/// other copy is still catching up takes that shard's last copy, which no
+/// replication factor of two survives. When no node is safe to lose, the
+/// controller or etcd take the node fault's turn, so faults keep coming.
 async fn run_faults(
     cfg: &ChaosConfig,
     seed: u64,
@@ -595,8 +670,15 @@ async fn run_faults(
             break;
         }
         let began = Instant::now();
-        let node = rng.random_range(0..cfg.shard_nodes);
-        let kind = match i % 4 {
+        let mut turn = i % 4;
+        let mut node = 0;
+        if turn < 2 {
+            match node_safe_to_lose(&mut admin, cfg.shard_nodes, &mut rng).await {
+                Some(n) => node = n,
+                None => turn = 2 + (i / 4) % 2,
+            }
+        }
+        let kind = match turn {
             0 => {
                 kills += 1;
                 timeline.lock().node_kills.push(started.elapsed());
@@ -605,9 +687,9 @@ async fn run_faults(
                 if long {
                     // Gone past the lease and the repair delay: its copies are re-made elsewhere.
                     let killed = Instant::now();
-                    let repaired =
-                        settle(&mut admin, cfg.replication_factor as usize, cfg.lease_ttl + cfg.repair_after + Duration::from_secs(60))
-                            .await;
+                    let id = format!("shard-{node}");
+                    let within = cfg.lease_ttl + cfg.repair_after + Duration::from_secs(60);
+                    let repaired = settle_without(&mut admin, cfg.replication_factor as usize, Some(&id), within).await;
                     if repaired.is_ok() {
                         timeline.lock().repair_s.push(killed.elapsed().as_secs_f64());
                     }
@@ -675,26 +757,41 @@ async fn blocking(
     tokio::task::spawn_blocking(move || f(&mut cluster.lock())).await?
 }
 
-/// Waits until every shard holds `factor` active copies and none moves.
+/// Waits until every shard of both collections holds `factor` active
+/// copies and none moves.
 async fn settle(admin: &mut ShoalClient<Channel>, factor: usize, within: Duration) -> Result<(), String> {
+    settle_without(admin, factor, None, within).await
+}
+
+/// [`settle`], and no copy on `gone` (a node killed for good: its copies
+/// were forgotten and made again elsewhere).
+async fn settle_without(admin: &mut ShoalClient<Channel>, factor: usize, gone: Option<&str>, within: Duration) -> Result<(), String> {
     let started = Instant::now();
-    let mut last = String::new();
-    while started.elapsed() < within {
-        match admin.describe_collection(v1::DescribeCollectionRequest { name: "chaos".into() }).await {
-            Ok(info) => {
-                let info = info.into_inner();
-                let ok =
-                    |s: &v1::ShardInfo| s.moving.is_none() && s.replicas.len() == factor && s.replicas.iter().all(|r| r.state == "active");
-                if info.shards.iter().all(ok) {
-                    return Ok(());
+    let ok = |s: &v1::ShardInfo| {
+        s.moving.is_none() && s.replicas.len() == factor && s.replicas.iter().all(|r| r.state == "active" && Some(r.node.as_str()) != gone)
+    };
+    loop {
+        let mut last = None;
+        for name in COLLECTIONS {
+            match admin.describe_collection(v1::DescribeCollectionRequest { name: name.into() }).await {
+                Ok(info) => {
+                    let info = info.into_inner();
+                    if !info.shards.iter().all(ok) {
+                        last = Some(format!("{name}: {:?}", info.shards.iter().map(|s| &s.replicas).collect::<Vec<_>>()));
+                    }
                 }
-                last = format!("{:?}", info.shards.iter().map(|s| &s.replicas).collect::<Vec<_>>());
+                Err(e) => last = Some(e.to_string()),
             }
-            Err(e) => last = e.to_string(),
+            if last.is_some() {
+                break;
+            }
+        }
+        let Some(last) = last else { return Ok(()) };
+        if started.elapsed() >= within {
+            return Err(format!("not every shard had {factor} copies in sync within {within:?}: {last}"));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Err(format!("not every shard had {factor} copies in sync within {within:?}: {last}"))
 }
 
 fn figures(r: &mut ChaosReport, tl: &Timeline, acked: &[Vec<Acked>], searched: &[Searched]) {
@@ -707,8 +804,18 @@ fn figures(r: &mut ChaosReport, tl: &Timeline, acked: &[Vec<Acked>], searched: &
     r.failed_searches = searched.iter().filter(|s| !s.ok).count() as u64;
     r.partial_searches = searched.iter().filter(|s| s.partial).count() as u64;
     r.searches_redirected = searched.iter().filter(|s| s.redirected).count() as u64;
-    let recall =
-        |v: &[&Searched]| v.iter().filter(|s| s.ok).map(|s| s.recall).sum::<f64>() / v.iter().filter(|s| s.ok).count().max(1) as f64;
+    let mut failures: BTreeMap<String, u64> = BTreeMap::new();
+    for e in searched.iter().filter_map(|s| s.error.as_ref()) {
+        *failures.entry(e.clone()).or_insert(0) += 1;
+    }
+    r.search_failures = failures.into_iter().collect();
+    r.search_failures.sort_by_key(|f| std::cmp::Reverse(f.1));
+    r.search_failures.truncate(10);
+    r.low_recall_searches = faulty.iter().filter(|s| s.ok && s.measured && !s.partial && s.recall < 0.5).count() as u64;
+    let recall = |v: &[&Searched]| {
+        let answered = || v.iter().filter(|s| s.ok && s.measured);
+        answered().map(|s| s.recall).sum::<f64>() / answered().count().max(1) as f64
+    };
     let p99 = |v: &[&Searched]| {
         let mut t: Vec<f64> = v.iter().map(|s| s.took.as_secs_f64() * 1e3).collect();
         t.sort_by(f64::total_cmp);
@@ -754,11 +861,17 @@ async fn check_points(
     }
     let held = admin.describe_collection(v1::DescribeCollectionRequest { name: "chaos".into() }).await?.into_inner().points;
     r.phantoms = held as i64 - (cfg.base_points as u64 + r.acked_points) as i64 + r.missing as i64;
-    for shard in 0..cfg.shards {
-        let v = admin.verify_shard(v1::VerifyShardRequest { collection: "chaos".into(), shard }).await?.into_inner();
-        if !v.agree {
-            r.replicas_disagree += 1;
-            r.errors.push(format!("shard {shard}: {:?}", v.replicas));
+    let still = admin.describe_collection(v1::DescribeCollectionRequest { name: "still".into() }).await?.into_inner().points;
+    if still != cfg.base_points as u64 {
+        r.errors.push(format!("the collection without writes holds {still} points, not {}", cfg.base_points));
+    }
+    for name in COLLECTIONS {
+        for shard in 0..cfg.shards {
+            let v = admin.verify_shard(v1::VerifyShardRequest { collection: name.into(), shard }).await?.into_inner();
+            if !v.agree {
+                r.replicas_disagree += 1;
+                r.errors.push(format!("{name} shard {shard}: {:?}", v.replicas));
+            }
         }
     }
     Ok(())

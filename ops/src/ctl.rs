@@ -108,9 +108,13 @@ pub fn print_collection(c: &v1::CollectionInfo) {
         );
         // With copies: every one and its state; an out-of-sync one is what
         // an operator looks for (UNDER-REPLICATED).
+        // A copy in sync on a node that is down holds every write but
+        // serves nothing until the node is back (or the copy is repaired
+        // elsewhere): the shard is short of it.
         if s.replicas.len() > 1 || s.replicas.iter().any(|r| r.state != "active") {
-            let list: Vec<String> = s.replicas.iter().map(|r| format!("{} {}", r.node, r.state)).collect();
-            let in_sync = s.replicas.iter().filter(|r| r.state == "active").count() as u32;
+            let list: Vec<String> =
+                s.replicas.iter().map(|r| format!("{} {}{}", r.node, r.state, if r.node_up { "" } else { " (node DOWN)" })).collect();
+            let in_sync = s.replicas.iter().filter(|r| r.state == "active" && r.node_up).count() as u32;
             let under = if in_sync < c.replication_factor.max(1) { "  UNDER-REPLICATED" } else { "" };
             println!("      replicas: {}{under}", list.join(", "));
         }

@@ -58,6 +58,11 @@ enum Command {
         #[arg(long)]
         once: bool,
     },
+    /// Load files of embeddings (.fvecs, .npy, JSON Lines) into a
+    /// collection over concurrent streams; run again with the same
+    /// arguments after a failure, it resumes after the last acknowledged
+    /// batch (docs/ingest.md).
+    Ingest(shoal_ops::ingest::Args),
     /// Manage collections.
     #[command(subcommand)]
     Collections(Collections),
@@ -171,6 +176,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             top::run(&cli.endpoint, std::time::Duration::from_secs_f64(interval), !once).await
         }
         Command::Collections(c) => collections(&cli.endpoint, c).await,
+        Command::Ingest(a) => shoal_ops::ingest::run(&cli.endpoint, a).await.map(|_| ()),
         Command::Snapshot(c) => snapshots::run(&cli.endpoint, c).await,
         Command::Node(c) => placement::node(&cli.endpoint, c).await,
         Command::Shard(c) => placement::shard(&cli.endpoint, c).await,

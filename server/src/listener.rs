@@ -20,6 +20,14 @@ pub struct ListenerConfig {
     /// ... and closes the connection when a ping goes unanswered this long,
     /// so the requests of a client that vanished are cancelled.
     pub keepalive_timeout_ms: u64,
+    /// HTTP/2 streams a client may reset before the server has taken them
+    /// up, at once, before the connection is closed as an attack ("rapid
+    /// reset"). h2's default of 20 is too few between coordinators and
+    /// busy shard nodes: a hedged read, a failed-over read and a search
+    /// past its deadline each reset their call, and a node that closed
+    /// the coordinator's connection for it was marked down and failed
+    /// every search in flight (seen in the chaos run).
+    pub max_pending_reset_streams: usize,
 }
 
 impl Default for ListenerConfig {
@@ -30,6 +38,7 @@ impl Default for ListenerConfig {
             max_connections: limits.max_connections,
             keepalive_interval_ms: 10_000,
             keepalive_timeout_ms: 5_000,
+            max_pending_reset_streams: 1_024,
         }
     }
 }
@@ -50,5 +59,6 @@ impl ListenerConfig {
             .http2_keepalive_interval(Some(Duration::from_millis(self.keepalive_interval_ms.max(1))))
             .http2_keepalive_timeout(Some(Duration::from_millis(self.keepalive_timeout_ms.max(1))))
             .tcp_keepalive(Some(Duration::from_secs(30)))
+            .http2_max_pending_accept_reset_streams(Some(self.max_pending_reset_streams.max(1)))
     }
 }

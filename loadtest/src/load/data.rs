@@ -248,7 +248,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let rows: Vec<Vec<f32>> = (0..6).map(|i| vec![i as f32, 1.0, 2.0]).collect();
         let npy = dir.path().join("b.npy");
-        crate::load::npy::tests::write_npy(&npy, &rows);
+        shoal_ops::vectors::npy::write(&npy, &rows).unwrap();
         let fvecs = dir.path().join("b.fvecs");
         let mut bytes = Vec::new();
         for r in &rows {
@@ -271,7 +271,7 @@ mod tests {
     fn a_query_file_without_a_base_sets_the_dimension() {
         let dir = tempfile::tempdir().unwrap();
         let q = dir.path().join("q.npy");
-        crate::load::npy::tests::write_npy(&q, &[vec![1.0, 2.0, 3.0, 4.0, 5.0]]);
+        shoal_ops::vectors::npy::write(&q, &[vec![1.0, 2.0, 3.0, 4.0, 5.0]]).unwrap();
         let d =
             Data::load(&DataArgs { query: Some(q), exact_groundtruth: false, ..args() }, true, shoal_engine::Metric::Cosine, 1).unwrap();
         assert_eq!((d.base.dim(), d.queries.len()), (5, 1));

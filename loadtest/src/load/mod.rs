@@ -12,7 +12,7 @@ mod data;
 mod faults;
 pub(crate) mod ingest;
 pub(crate) mod mixed;
-mod npy;
+use shoal_ops::vectors::npy;
 mod progress;
 pub(crate) mod query;
 mod recall;

@@ -8,6 +8,7 @@ mod dev_etcd;
 mod discovery;
 mod durability;
 mod fencing;
+mod ingest;
 mod membership;
 mod moves;
 mod replicas;

@@ -406,6 +406,14 @@ fn etcd_runbook_a_replicated_node_died() {
     // No write follows the kill: its copies are still marked in sync when
     // the repair delay ends, and are repaired all the same.
     dev.kill("shard-1");
+    // The runbook starts once an operator sees it: the probe marked the node
+    // down, and the status flags its shards.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !shoalctl(&endpoint, &["status"]).contains("shard-1 active (node DOWN)") {
+        assert!(std::time::Instant::now() < deadline, "shard-1's copies never showed its node down");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(shoalctl(&endpoint, &["status"]).contains("UNDER-REPLICATED"));
     run_runbook("a-replicated-node-died.md", &[("SHOAL_ENDPOINT", endpoint.clone())]);
 
     // As it says: every shard has two in-sync copies again, none on the

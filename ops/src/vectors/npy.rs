@@ -7,9 +7,10 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use memmap2::Mmap;
+use npyz::WriterBuilder;
 
 /// A mapped `.npy` matrix of `rows` × `dim` float32s.
-pub(crate) struct NpyMatrix {
+pub struct NpyMatrix {
     map: Mmap,
     data: usize,
     rows: usize,
@@ -17,9 +18,11 @@ pub(crate) struct NpyMatrix {
 }
 
 impl NpyMatrix {
-    pub(crate) fn open(path: &Path) -> Result<NpyMatrix> {
+    pub fn open(path: &Path) -> Result<NpyMatrix> {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        // SAFETY: load-test inputs are not modified while the test runs.
+        // SAFETY: an input file is not modified while it is read (as for any
+        // tool that maps its input); a changed file may give wrong values, not
+        // undefined behaviour beyond them.
         let map = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
         let mut cursor = std::io::Cursor::new(&map[..]);
         let header = npyz::NpyHeader::from_reader(&mut cursor).with_context(|| format!("{}: not a .npy file", path.display()))?;
@@ -45,42 +48,46 @@ impl NpyMatrix {
         Ok(NpyMatrix { map, data, rows, dim })
     }
 
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.rows
     }
 
-    pub(crate) fn dim(&self) -> usize {
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    pub fn dim(&self) -> usize {
         self.dim
     }
 
-    pub(crate) fn row(&self, i: usize) -> Vec<f32> {
+    pub fn row(&self, i: usize) -> Vec<f32> {
         let at = self.data + i * self.dim * 4;
         self.map[at..at + self.dim * 4].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
     }
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use npyz::WriterBuilder;
-
-    /// Writes `rows` with npyz's own writer (the format as numpy writes it).
-    pub(crate) fn write_npy(path: &Path, rows: &[Vec<f32>]) {
-        let dim = rows[0].len() as u64;
-        let f = File::create(path).unwrap();
-        let mut w = npyz::WriteOptions::new().default_dtype().shape(&[rows.len() as u64, dim]).writer(f).begin_nd().unwrap();
-        for r in rows {
-            w.extend(r.iter().copied()).unwrap();
-        }
-        w.finish().unwrap();
+/// Writes `rows` with npyz's own writer (the format as numpy writes it).
+pub fn write(path: &Path, rows: &[Vec<f32>]) -> Result<()> {
+    let dim = rows.first().map_or(0, Vec::len) as u64;
+    let f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut w = npyz::WriteOptions::new().default_dtype().shape(&[rows.len() as u64, dim]).writer(f).begin_nd()?;
+    for r in rows {
+        w.extend(r.iter().copied())?;
     }
+    w.finish()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[test]
     fn reads_the_rows_npyz_wrote() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x.npy");
         let rows: Vec<Vec<f32>> = (0..5).map(|i| (0..3).map(|j| (i * 10 + j) as f32 + 0.5).collect()).collect();
-        write_npy(&p, &rows);
+        write(&p, &rows).unwrap();
         let m = NpyMatrix::open(&p).unwrap();
         assert_eq!((m.len(), m.dim()), (5, 3));
         for (i, r) in rows.iter().enumerate() {

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use memmap2::Mmap;
 
 /// A mapped vector file.
-pub(crate) struct VecFile {
+pub struct VecFile {
     map: Mmap,
     dim: usize,
     rows: usize,
@@ -19,9 +19,10 @@ pub(crate) struct VecFile {
 }
 
 impl VecFile {
-    pub(crate) fn open(path: &Path) -> Result<VecFile> {
+    pub fn open(path: &Path) -> Result<VecFile> {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        // SAFETY: benchmark inputs are not modified while the benchmark runs.
+        // SAFETY: an input file is not modified while it is read (as for any
+        // tool that maps its input).
         let map = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
         if map.len() < 4 {
             bail!("{} is too short to be a vector file", path.display());
@@ -39,12 +40,16 @@ impl VecFile {
         Ok(VecFile { map, dim, rows, path: path.to_owned() })
     }
 
-    pub(crate) fn dim(&self) -> usize {
+    pub fn dim(&self) -> usize {
         self.dim
     }
 
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
     }
 
     fn raw(&self, i: usize) -> Result<&[u8]> {
@@ -58,12 +63,12 @@ impl VecFile {
     }
 
     /// Row `i` as f32s.
-    pub(crate) fn f32_row(&self, i: usize) -> Result<Vec<f32>> {
+    pub fn f32_row(&self, i: usize) -> Result<Vec<f32>> {
         Ok(self.raw(i)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
 
     /// Row `i` as i32s.
-    pub(crate) fn i32_row(&self, i: usize) -> Result<Vec<i32>> {
+    pub fn i32_row(&self, i: usize) -> Result<Vec<i32>> {
         Ok(self.raw(i)?.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
 }
