@@ -82,12 +82,12 @@ pub fn collection_info(c: &Collection, shards: Vec<v1::ShardInfo>) -> v1::Collec
     }
 }
 
-/// A shard's replicas as the public API lists them.
-/// The replicas of a placement, each with whether its node is `up`.
+/// A shard's replicas as the public API lists them, each with whether
+/// its node is `up` (else `node_down`).
 pub fn replicas_info(p: &crate::model::ShardPlacement, up: impl Fn(&NodeId) -> bool) -> Vec<v1::ReplicaInfo> {
     p.replicas
         .iter()
-        .map(|r| v1::ReplicaInfo { node: r.node.to_string(), state: r.state.as_str().to_owned(), node_up: up(&r.node) })
+        .map(|r| v1::ReplicaInfo { node: r.node.to_string(), state: r.state.as_str().to_owned(), node_down: !up(&r.node) })
         .collect()
 }
 

@@ -636,11 +636,11 @@ async fn node_safe_to_lose(admin: &mut ShoalClient<Channel>, nodes: usize, rng: 
     for name in COLLECTIONS {
         shards.extend(admin.describe_collection(v1::DescribeCollectionRequest { name: name.into() }).await.ok()?.into_inner().shards);
     }
-    let serving = |r: &v1::ReplicaInfo| r.state == "active" && r.node_up;
+    let serving = |r: &v1::ReplicaInfo| r.state == "active" && !r.node_down;
     let safe: Vec<usize> = (0..nodes)
         .filter(|n| {
             let id = format!("shard-{n}");
-            let up = shards.iter().flat_map(|s| &s.replicas).all(|r| r.node != id || r.node_up);
+            let up = shards.iter().flat_map(|s| &s.replicas).all(|r| r.node != id || !r.node_down);
             up && shards.iter().all(|s| !s.replicas.iter().any(|r| r.node == id) || s.replicas.iter().any(|r| r.node != id && serving(r)))
         })
         .collect();

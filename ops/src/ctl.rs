@@ -113,8 +113,8 @@ pub fn print_collection(c: &v1::CollectionInfo) {
         // elsewhere): the shard is short of it.
         if s.replicas.len() > 1 || s.replicas.iter().any(|r| r.state != "active") {
             let list: Vec<String> =
-                s.replicas.iter().map(|r| format!("{} {}{}", r.node, r.state, if r.node_up { "" } else { " (node DOWN)" })).collect();
-            let in_sync = s.replicas.iter().filter(|r| r.state == "active" && r.node_up).count() as u32;
+                s.replicas.iter().map(|r| format!("{} {}{}", r.node, r.state, if r.node_down { " (node DOWN)" } else { "" })).collect();
+            let in_sync = s.replicas.iter().filter(|r| r.state == "active" && !r.node_down).count() as u32;
             let under = if in_sync < c.replication_factor.max(1) { "  UNDER-REPLICATED" } else { "" };
             println!("      replicas: {}{under}", list.join(", "));
         }

@@ -358,7 +358,20 @@ fn replicas_of(endpoint: &str) -> Vec<Vec<(String, String)>> {
     })
 }
 
-/// Waits until no node named by `dev`'s `id` is a member.
+/// Asserts that every shard of `docs` has `factor` in-sync copies on
+/// distinct nodes, none on `gone`; returns the replicas.
+fn assert_whole(endpoint: &str, factor: usize, gone: Option<&str>) -> Vec<Vec<(String, String)>> {
+    let replicas = replicas_of(endpoint);
+    for (s, r) in replicas.iter().enumerate() {
+        assert_eq!(r.len(), factor, "shard {s}: {r:?}");
+        assert!(r.iter().all(|(n, state)| Some(n.as_str()) != gone && state == "active"), "shard {s}: {r:?}");
+        let nodes: std::collections::BTreeSet<&String> = r.iter().map(|(n, _)| n).collect();
+        assert_eq!(nodes.len(), factor, "shard {s}: copies share a node: {r:?}");
+    }
+    replicas
+}
+
+/// Waits until `id` is no longer a member.
 fn wait_gone(endpoint: &str, id: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while shoalctl(endpoint, &["node", "list"]).contains(&format!("{id} ")) {
@@ -380,11 +393,7 @@ fn etcd_runbook_replication_factor() {
             // Before "lowering": what the first four blocks promised. Every
             // shard has two in-sync copies on distinct nodes, writes need
             // both, and ingest still flows.
-            for (s, replicas) in replicas_of(&endpoint).iter().enumerate() {
-                assert_eq!(replicas.len(), 2, "shard {s}: {replicas:?}");
-                assert!(replicas.iter().all(|(_, state)| state == "active"), "shard {s}: {replicas:?}");
-                assert_ne!(replicas[0].0, replicas[1].0, "shard {s}: copies on one node");
-            }
+            assert_whole(&endpoint, 2, None);
             let acks = ingest_job(&endpoint, 5..=6);
             assert!(acks.iter().all(|a| a.status == v1::BatchStatus::Applied as i32), "{acks:?}");
         }
@@ -418,10 +427,7 @@ fn etcd_runbook_a_replicated_node_died() {
 
     // As it says: every shard has two in-sync copies again, none on the
     // dead node, and nothing was lost; ingest goes on.
-    for (s, replicas) in replicas_of(&endpoint).iter().enumerate() {
-        assert_eq!(replicas.len(), 2, "shard {s}: {replicas:?}");
-        assert!(replicas.iter().all(|(n, state)| n != "shard-1" && state == "active"), "shard {s}: {replicas:?}");
-    }
+    assert_whole(&endpoint, 2, Some("shard-1"));
     assert_eq!(points_of(&endpoint, "docs"), 500);
     let acks = ingest_job(&endpoint, 1..=6);
     assert!(acks[..5].iter().all(|a| a.status == v1::BatchStatus::Skipped as i32), "{acks:?}");
@@ -457,12 +463,7 @@ fn etcd_runbook_replace_a_node() {
     // As it says: the old node is in no placement, every shard has two
     // in-sync copies on distinct nodes, the new node holds some, and every
     // acknowledged point is there.
-    let replicas = replicas_of(&endpoint);
-    for (s, r) in replicas.iter().enumerate() {
-        assert_eq!(r.len(), 2, "shard {s}: {r:?}");
-        assert!(r.iter().all(|(n, state)| n != "shard-2" && state == "active"), "shard {s}: {r:?}");
-        assert_ne!(r[0].0, r[1].0, "shard {s}: {r:?}");
-    }
+    let replicas = assert_whole(&endpoint, 2, Some("shard-2"));
     assert!(replicas.iter().flatten().filter(|(n, _)| n == "shard-9").count() >= 2, "the new node took its share: {replicas:?}");
     assert_eq!(points_of(&endpoint, "docs"), 600);
     dev.interrupt();
