@@ -172,11 +172,7 @@ fn etcd_runbook_a_node_died() {
     ingest_job(&endpoint, 6..=10);
     dev.kill("shard-1");
     // The runbook starts once the lease has ended (10 s by default).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while shoalctl(&endpoint, &["node", "list"]).contains("shard-1 ") {
-        assert!(std::time::Instant::now() < deadline, "shard-1 never left the membership");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    wait_gone(&endpoint, "shard-1");
     run_runbook("a-node-died.md", &[("SHOAL_ENDPOINT", endpoint.clone())]);
 
     // As it says: the job, run again, replays what the snapshot lacks,
@@ -371,13 +367,18 @@ fn assert_whole(endpoint: &str, factor: usize, gone: Option<&str>) -> Vec<Vec<(S
     replicas
 }
 
+/// Waits up to 30 s for `done`; panics saying what never happened.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what} never happened");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Waits until `id` is no longer a member.
 fn wait_gone(endpoint: &str, id: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while shoalctl(endpoint, &["node", "list"]).contains(&format!("{id} ")) {
-        assert!(std::time::Instant::now() < deadline, "{id} never left the membership");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    wait_until(&format!("{id} leaving the membership"), || !shoalctl(endpoint, &["node", "list"]).contains(&format!("{id} ")));
 }
 
 #[test]
@@ -417,11 +418,7 @@ fn etcd_runbook_a_replicated_node_died() {
     dev.kill("shard-1");
     // The runbook starts once an operator sees it: the probe marked the node
     // down, and the status flags its shards.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !shoalctl(&endpoint, &["status"]).contains("shard-1 active (node DOWN)") {
-        assert!(std::time::Instant::now() < deadline, "shard-1's copies never showed its node down");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    wait_until("shard-1's copies showing its node down", || shoalctl(&endpoint, &["status"]).contains("shard-1 active (node DOWN)"));
     assert!(shoalctl(&endpoint, &["status"]).contains("UNDER-REPLICATED"));
     run_runbook("a-replicated-node-died.md", &[("SHOAL_ENDPOINT", endpoint.clone())]);
 
