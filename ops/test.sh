@@ -137,3 +137,26 @@ fi
 
 log "cargo test (workspace)"
 cargo test --workspace --locked "$@"
+
+# The Python client (clients/python): installed with its test extras into
+# a venv under the cache dir (like moto's), then its tests run against
+# `shoalctl dev --port 0` from the build above. The package itself is
+# reinstalled every run: its stubs are generated from proto/ as it builds.
+# Skipped when arguments narrow the run to some Rust tests.
+if (($# == 0)); then
+  py_venv="${XDG_CACHE_HOME:-$HOME/.cache}/shoal-test/py-client-venv"
+  if ! "$py_venv/bin/python" -c 'import pytest, grpc, numpy, tqdm' >/dev/null 2>&1; then
+    log "creating the Python client's test venv in $py_venv"
+    rm -rf "$py_venv"
+    python3 -m venv "$py_venv"
+    "$py_venv/bin/pip" install -q --upgrade pip
+  fi
+  log "pip install ./clients/python[test]"
+  "$py_venv/bin/pip" install -q "./clients/python[test]"
+  "$py_venv/bin/pip" install -q --force-reinstall --no-deps ./clients/python
+  # `cargo test` above built shoalctl (shoal-ops' integration tests use it).
+  target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  [[ -x "$target_dir/debug/shoalctl" ]] || cargo build --locked --bin shoalctl
+  log "pytest clients/python"
+  SHOALCTL="$target_dir/debug/shoalctl" "$py_venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests
+fi

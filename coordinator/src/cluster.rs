@@ -64,6 +64,9 @@ const HEDGE_BEFORE_ANY_ANSWER: Duration = Duration::from_millis(50);
 /// Hedges below this would double the load of a fast, healthy cluster for
 /// no gain: the answer is on its way.
 const HEDGE_AT_LEAST: Duration = Duration::from_millis(2);
+/// How long a read waits for a replica the prober marked down, asked
+/// because no other replica answered (see `scatter_until`).
+const SUSPECT_GRACE: Duration = Duration::from_millis(250);
 
 impl Default for ClusterOptions {
     fn default() -> Self {
@@ -193,6 +196,11 @@ impl Cluster {
             Hedge::After(d) => Some(d),
             Hedge::RecentP95 => Some(self.outstanding.p95(node).unwrap_or(HEDGE_BEFORE_ANY_ANSWER).max(HEDGE_AT_LEAST)),
         }
+    }
+
+    /// What the health probes say of each node.
+    pub fn liveness(&self) -> &crate::liveness::Liveness {
+        self.pool.liveness()
     }
 
     /// False while the node is marked down by its health probe.
@@ -464,21 +472,48 @@ impl Cluster {
             // The in-sync replicas, least busy first: the next one is
             // asked when one fails, or as well when one is slower than its
             // recent p95 (a hedge), within the same deadline.
-            let replicas = self.outstanding.least_busy_first(c.shards[i as usize].in_sync_nodes());
+            // Replicas the prober marked down go last: its verdict is a
+            // suspicion (a probe that timed out on a busy node), so they
+            // are still asked once every other replica failed.
+            let (up, down): (Vec<_>, Vec<_>) =
+                self.outstanding.least_busy_first(c.shards[i as usize].in_sync_nodes()).into_iter().partition(|n| self.node_up(n));
+            let replicas: Vec<(NodeId, bool)> = up.into_iter().map(|n| (n, true)).chain(down.into_iter().map(|n| (n, false))).collect();
             let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = tracing::field::Empty);
             async move {
                 let started = tokio::time::Instant::now();
-                let ask = |node: NodeId| {
+                // `gated`: the call fails at once if the prober marks the
+                // node down, so that another replica is asked instead; not
+                // the last replica's, which has no one to give way to. A
+                // replica already marked down (asked only because every
+                // other failed) gets SUSPECT_GRACE: a busy node whose probe
+                // timed out answers a search in milliseconds, a stopped
+                // one never, and the search must not wait its deadline.
+                let ask = |(node, up): (NodeId, bool), last: bool| {
+                    let gated = up && !last;
                     tracing::Span::current().record("node", tracing::field::display(&node));
                     let tracked = self.outstanding.track(&node);
-                    let left = timeout.saturating_sub(started.elapsed());
+                    let mut left = timeout.saturating_sub(started.elapsed());
+                    if !up {
+                        left = left.min(SUSPECT_GRACE);
+                    }
                     // Made inside the span, so the call carries its trace context.
                     let call = self.client(&node).map(|cl| f(cl, Self::shard_id(c, i), left));
                     async move {
                         let _tracked = tracked;
                         let asked = tokio::time::Instant::now();
                         let r = match call {
-                            Ok(fut) => self.on_node(&node, fut).await,
+                            Ok(fut) if gated => self.on_node(&node, fut).await,
+                            Ok(fut) if up => fut.await.map_err(Error::from),
+                            // Its own deadline (the grace) ends the call on
+                            // its side; a stopped node ends it on ours.
+                            Ok(fut) => match tokio::time::timeout(left, fut).await {
+                                Ok(Ok(v)) => Ok(v),
+                                Ok(Err(e)) if e.code != ErrorCode::DeadlineExceeded => Err(Error::from(e)),
+                                Ok(Err(_)) | Err(_) => Err(self.pool.liveness().check(&node).err().map_or_else(
+                                    || Error::Deadline(format!("node {node} did not answer within {left:?}")),
+                                    |e| e.context(format!("asked anyway, no answer within {left:?}")),
+                                )),
+                            },
                             Err(e) => Err(e),
                         };
                         if r.is_ok() {
@@ -491,10 +526,10 @@ impl Cluster {
                 let mut running = futures::stream::FuturesUnordered::new();
                 let mut hedge_at = None;
                 if let Some(node) = waiting.next() {
-                    hedge_at = self.hedge_delay(&node).map(|d| started + d);
-                    running.push(ask(node));
+                    hedge_at = self.hedge_delay(&node.0).map(|d| started + d);
+                    running.push(ask(node, waiting.len() == 0));
                 }
-                let mut last = None;
+                let mut failed: Vec<(NodeId, Error)> = Vec::new();
                 loop {
                     let more = waiting.len() > 0 && started.elapsed() < timeout;
                     let hedge = async {
@@ -512,24 +547,24 @@ impl Cluster {
                                 Err(e) if matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::ResourceExhausted) => {
                                     return (i, node, Err(e));
                                 }
-                                Err(e) => last = Some((node, e)),
+                                Err(e) => failed.push((node, e)),
                             }
                             // Fail over: a replica is out, ask the next one now.
                             if let Some(next) = waiting.next().filter(|_| more) {
-                                hedge_at = self.hedge_delay(&next).map(|d| tokio::time::Instant::now() + d);
-                                running.push(ask(next));
+                                hedge_at = self.hedge_delay(&next.0).map(|d| tokio::time::Instant::now() + d);
+                                running.push(ask(next, waiting.len() == 0));
                             }
                         }
                         () = hedge => {
                             if let Some(next) = waiting.next() {
-                                tracing::debug!(shard = i, node = %next, "hedged read");
-                                hedge_at = self.hedge_delay(&next).map(|d| tokio::time::Instant::now() + d);
-                                running.push(ask(next));
+                                tracing::debug!(shard = i, node = %next.0, "hedged read");
+                                hedge_at = self.hedge_delay(&next.0).map(|d| tokio::time::Instant::now() + d);
+                                running.push(ask(next, waiting.len() == 0));
                             }
                         }
                     }
                 }
-                match last {
+                match replicas_failed(failed) {
                     Some((node, e)) => (i, node, Err(e)),
                     None => (i, c.node_of(i).clone(), Err(Error::Internal(format!("shard {i} has no replica in sync")))),
                 }
@@ -837,6 +872,18 @@ impl Cluster {
             coordinator: self.opts.coordinator_id.clone(),
         }
     }
+}
+
+/// One shard's failure when every replica asked failed: the last one's
+/// error, naming what the others answered so that an operator sees every
+/// replica's reason, not only the last.
+fn replicas_failed(mut failed: Vec<(NodeId, Error)>) -> Option<(NodeId, Error)> {
+    let (node, e) = failed.pop()?;
+    if failed.is_empty() {
+        return Some((node, e));
+    }
+    let others: Vec<String> = failed.iter().map(|(n, e)| format!("{n}: {e}")).collect();
+    Some((node, e.context(format!("after the other replicas failed ({})", others.join("; ")))))
 }
 
 /// The error a search ends with, if it must end with one. A caller's

@@ -98,6 +98,13 @@ impl Liveness {
         self.check(node).err().unwrap_or_else(|| Error::NodeUnavailable { node: node.clone(), reason: "went down".into() })
     }
 
+    /// Marks `node` down as a failed probe would, until its next probe
+    /// answers. A probe's verdict can be wrong (one that timed out on a
+    /// busy node); tests use this to make that happen on demand.
+    pub fn mark_down(&self, node: &NodeId, reason: impl Into<String>) {
+        self.set(node, false, reason.into());
+    }
+
     fn set(&self, node: &NodeId, up: bool, reason: String) {
         let nodes = self.nodes.read();
         let Some(tx) = nodes.get(node) else { return };

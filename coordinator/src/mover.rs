@@ -424,20 +424,22 @@ impl Cluster {
         Ok(())
     }
 
-    /// Before the switch, undoes a move: drops what was copied to the
-    /// target and leaves the source the owner, at its (maybe fenced) epoch.
+    /// Before the switch, undoes a move: leaves the source the owner, at
+    /// its (maybe fenced) epoch, then drops what was copied to the target.
+    ///
+    /// In that order, and the drop only once the store took the undo: a
+    /// switch whose commit reached etcd although its answer did not (etcd
+    /// restarting mid-request) made the target the owner, with writes
+    /// acknowledged on it since. This coordinator's view may not show that
+    /// yet; the store's conditional change does (the move is no longer
+    /// `Copying`), so the undo changes nothing and the target's copy,
+    /// maybe the only one holding those writes, is kept. Dropping first,
+    /// on the view's word, lost acknowledged points in a chaos run.
     async fn roll_back(&self, name: &CollectionName, shard: u32, m: &ShardMove, attempt: u64, why: &Error) {
         if self.still_ours(name, shard, attempt).is_err() {
             return;
         }
         tracing::warn!(collection = %name, shard, from = %m.from, to = %m.to, error = %why, "shard move: rolling back");
-        let id = Some(v1::ShardId { collection: name.to_string(), shard });
-        if let Ok(to) = self.client(&m.to)
-            && let Err(e) = self.on_node(&m.to, to.drop_shard(v1::DropShardRequest { shard: id }, STEP_TIMEOUT)).await
-            && e.code() != ErrorCode::NotFound
-        {
-            tracing::warn!(collection = %name, shard, node = %m.to, error = %e, "could not drop the partial copy; it is not in any placement");
-        }
         let source_epoch = self.shard_stats_on(&m.from, name, shard).await.map(|s| s.epoch).unwrap_or(0);
         let undone = self
             .change_shard(name, shard, |p, _| {
@@ -450,8 +452,23 @@ impl Cluster {
                 Ok(Some(next))
             })
             .await;
-        if let Err(e) = undone {
-            tracing::warn!(collection = %name, shard, error = %e, "could not clear the move record; the next controller rolls it back");
+        match undone {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                tracing::warn!(collection = %name, shard, node = %m.to, "shard move: the store no longer records this move as copying; the target's copy is kept");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(collection = %name, shard, error = %e, "could not clear the move record; the next controller rolls it back");
+                return;
+            }
+        }
+        let id = Some(v1::ShardId { collection: name.to_string(), shard });
+        if let Ok(to) = self.client(&m.to)
+            && let Err(e) = self.on_node(&m.to, to.drop_shard(v1::DropShardRequest { shard: id }, STEP_TIMEOUT)).await
+            && e.code() != ErrorCode::NotFound
+        {
+            tracing::warn!(collection = %name, shard, node = %m.to, error = %e, "could not drop the partial copy; it is not in any placement");
         }
     }
 

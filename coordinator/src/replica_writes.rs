@@ -18,6 +18,10 @@ enum Missed {
     Stale,
     /// It failed, timed out or fell behind the primary's log.
     Failed(Error),
+    /// The primary failed while the follower caught up from its log: the
+    /// follower is not at fault (and may be the only copy left that
+    /// answers), the primary is.
+    PrimaryFailed(Error),
 }
 
 /// Errors that are the batch's, not a replica's: every replica would
@@ -63,6 +67,7 @@ impl Cluster {
             let mut failed = Vec::new();
             let mut first_error = None;
             let mut stale = None;
+            let mut primary_failed = None;
             for (node, r) in results {
                 match r {
                     Ok(()) => {}
@@ -72,7 +77,23 @@ impl Cluster {
                         failed.push(node.clone());
                         first_error.get_or_insert(e);
                     }
+                    Err(Missed::PrimaryFailed(e)) => {
+                        primary_failed.get_or_insert(e);
+                    }
                 }
+            }
+            if let Some(e) = primary_failed {
+                // The primary committed the part and then failed before
+                // every follower held it. It leaves the in-sync set (with
+                // any follower that failed on its own), and the part is
+                // applied again from the start on the next in-sync
+                // replica, which orders it from then on: exactly once by
+                // its offset, and no acknowledged batch lies only on the
+                // node that failed.
+                tracing::warn!(%collection, shard, node = %primary, error = %e, "the shard's primary failed while its replicas caught up; the next replica takes over");
+                failed.push(primary.clone());
+                placement = self.leave_in_sync(collection, shard, &failed, &e).await?;
+                continue;
             }
             if let Some(node) = stale {
                 // A follower fenced by a move: once the move switches, the
@@ -189,7 +210,8 @@ impl Cluster {
                 Err(e) => return Err(failed(e)),
             }
         }
-        let from = self.client(primary).map_err(failed)?;
+        let primary_failed = |e: Error| Missed::PrimaryFailed(e.context(format!("reading the batch log of the primary {primary}")));
+        let from = self.client(primary).map_err(primary_failed)?;
         loop {
             let stats =
                 self.on_node(follower, to.get_shard_stats(v1::ShardStatsRequest { shard: id.clone() }, left())).await.map_err(failed)?;
@@ -202,8 +224,13 @@ impl Cluster {
             }
             let read = v1::ReadBatchLogRequest { shard: id.clone(), from_seq: stats.last_seq + 1, max_bytes: 0 };
             // The primary's log no longer reaching back that far is the
-            // follower's problem (it needs a new seed), so it fails it.
-            let read = self.on_node(primary, from.read_batch_log(read, left())).await.map_err(failed)?;
+            // follower's problem (it needs a new seed), so it fails it;
+            // the primary not answering is the primary's.
+            let read = match self.on_node(primary, from.read_batch_log(read, left())).await {
+                Ok(read) => read,
+                Err(e) if matches!(e.code(), ErrorCode::Unavailable | ErrorCode::DeadlineExceeded) => return Err(primary_failed(e)),
+                Err(e) => return Err(failed(e)),
+            };
             if read.entries.is_empty() {
                 return Err(failed(Error::Internal(format!(
                     "the primary {primary} has no entries after {} though the write took {target}",

@@ -17,7 +17,7 @@
 //! Every search and write goes to loopback only, bounded in count by the
 //! run's duration.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -61,6 +61,9 @@ pub struct ChaosConfig {
     /// The coordinators' repair delay; every other node kill lasts longer
     /// than it (plus the lease), so that repair happens too.
     pub repair_after: Duration,
+    /// A node back after its copies were repaired elsewhere gets copies
+    /// again through a rebalance (shard moves under faults).
+    pub rebalance_returned: bool,
 }
 
 impl ChaosConfig {
@@ -85,6 +88,7 @@ impl ChaosConfig {
             batch_points: 100,
             lease_ttl: Duration::from_secs(4),
             repair_after: Duration::from_secs(8),
+            rebalance_returned: true,
         }
     }
 }
@@ -107,6 +111,8 @@ pub struct ChaosReport {
     pub searches_redirected: u64,
     /// Failed searches by code and message (digits left out), most first.
     pub search_failures: Vec<(String, u64)>,
+    /// The first failed searches: seconds into the run, code and message.
+    pub first_failures: Vec<(f64, String)>,
     /// Searches under faults that answered whole but found fewer than half
     /// of the true top 10 (a copy that lacks points would show here).
     pub low_recall_searches: u64,
@@ -117,12 +123,15 @@ pub struct ChaosReport {
     /// Per node kill: seconds until every ingest stream had a batch sent
     /// after the kill acknowledged.
     pub ingest_resume_s: Vec<f64>,
-    /// Per short node kill: seconds from the restart until its copies were
-    /// in sync again.
+    /// Per replica on a node killed briefly: seconds from the node's
+    /// restart until that copy was in sync again.
     pub rejoin_s: Vec<f64>,
-    /// Per long node kill: seconds from the kill until every shard had its
-    /// copies in sync again on the other nodes.
+    /// Per replica on a node killed for long: seconds from the kill until
+    /// its shard had all its copies in sync again on the other nodes.
     pub repair_s: Vec<f64>,
+    /// Per long node kill: seconds from its return (empty) until a
+    /// rebalance gave it copies again.
+    pub rebalance_s: Vec<f64>,
     /// Seconds the cluster took to settle after the last fault.
     pub settle_s: f64,
     pub errors: Vec<String>,
@@ -195,13 +204,18 @@ impl ChaosReport {
                 "≤ 1 s".into(),
             ),
             (
-                "replica back in sync after its restart (median / max)",
+                "a replica back in sync after its node's restart (median / max)",
                 format!("{:.2} / {:.2} s over {}", median(&self.rejoin_s), max(&self.rejoin_s), self.rejoin_s.len()),
                 String::new(),
             ),
             (
-                "repair onto other nodes after a kill (median / max)",
+                "a replica repaired onto another node after a kill (median / max)",
                 format!("{:.2} / {:.2} s over {}", median(&self.repair_s), max(&self.repair_s), self.repair_s.len()),
+                String::new(),
+            ),
+            (
+                "a repaired node holding copies again after a rebalance (median / max)",
+                format!("{:.2} / {:.2} s over {}", median(&self.rebalance_s), max(&self.rebalance_s), self.rebalance_s.len()),
                 String::new(),
             ),
             ("settled after the last fault", format!("{:.2} s", self.settle_s), String::new()),
@@ -217,6 +231,10 @@ impl ChaosReport {
             out.push_str("\nfailed searches by kind:\n");
             for (kind, n) in &self.search_failures {
                 out.push_str(&format!("  {n:>9}  {kind}\n"));
+            }
+            out.push_str("the first:\n");
+            for (at, e) in &self.first_failures {
+                out.push_str(&format!("  {at:>8.2} s  {e}\n"));
             }
         }
         out
@@ -354,6 +372,7 @@ struct Timeline {
     node_kills: Vec<Duration>,
     rejoin_s: Vec<f64>,
     repair_s: Vec<f64>,
+    rebalance_s: Vec<f64>,
     faults: BTreeMap<String, u64>,
 }
 
@@ -486,13 +505,13 @@ async fn drive(
     timeline.lock().faults_from = Some(started.elapsed());
     let fault_seed = rng.random::<u64>();
     let faults = {
-        let (cfg, cluster, etcd, timeline, admin) =
-            (cfg.clone(), Arc::clone(cluster), Arc::clone(etcd), Arc::clone(&timeline), admin.clone());
-        tokio::spawn(async move { run_faults(&cfg, fault_seed, &cluster, &etcd, &timeline, admin, started).await })
+        let (cfg, cluster, etcd, timeline, admins) =
+            (cfg.clone(), Arc::clone(cluster), Arc::clone(etcd), Arc::clone(&timeline), clients.clone());
+        tokio::spawn(async move { run_faults(&cfg, fault_seed, &cluster, &etcd, &timeline, admins, started).await })
     };
     let fault_result = faults.await?;
     let settle_started = Instant::now();
-    let settled = settle(&mut admin, cfg.replication_factor as usize, Duration::from_secs(180)).await;
+    let settled = settle(&clients, cfg.replication_factor as usize, Duration::from_secs(180)).await;
     let settle_s = settle_started.elapsed().as_secs_f64();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut acked = Vec::new();
@@ -608,7 +627,7 @@ async fn search_loop(
                 Searched { at: at_s, took, ok: true, partial: r.partial, redirected, measured, recall: found as f64 / 10.0, error: None }
             }
             Some(Err(e)) => {
-                let error = Some(failure_kind(&e));
+                let error = Some(format!("{:?}: {}", e.code(), e.message()));
                 Searched { at: at_s, took, ok: false, partial: false, redirected, measured, recall: 0.0, error }
             }
             None => {
@@ -623,47 +642,84 @@ async fn search_loop(
 
 /// A failure's code and message with digits left out (ports, ids,
 /// durations), so that failures of one kind count together.
-fn failure_kind(e: &tonic::Status) -> String {
-    let message: String = e.message().chars().filter(|c| !c.is_ascii_digit()).take(160).collect();
-    format!("{:?}: {message}", e.code())
+fn failure_kind(error: &str) -> String {
+    error.chars().filter(|c| !c.is_ascii_digit()).take(160).collect()
 }
 
-/// A shard node (by index) whose loss leaves every shard with an in-sync
-/// copy on a node that is up, picked at random among those; `None` if
-/// there is none (or the status cannot be read).
-async fn node_safe_to_lose(admin: &mut ShoalClient<Channel>, nodes: usize, rng: &mut StdRng) -> Option<usize> {
-    let mut shards = Vec::new();
-    for name in COLLECTIONS {
-        shards.extend(admin.describe_collection(v1::DescribeCollectionRequest { name: name.into() }).await.ok()?.into_inner().shards);
-    }
+/// A shard node (by index) that holds copies and whose loss leaves every
+/// shard with an in-sync copy on a node that is up, picked at random among
+/// those not in `busy`; `None` if there is none (or the status cannot be
+/// read).
+async fn node_safe_to_lose(admin: &Clients, nodes: usize, busy: &HashSet<usize>, rng: &mut StdRng) -> Option<usize> {
+    let shards: Vec<v1::ShardInfo> = all_shards(admin).await.ok()?.into_iter().map(|(_, s)| s).collect();
     let serving = |r: &v1::ReplicaInfo| r.state == "active" && !r.node_down;
     let safe: Vec<usize> = (0..nodes)
+        .filter(|n| !busy.contains(n))
         .filter(|n| {
             let id = format!("shard-{n}");
+            // A node without copies loses nothing when it fails.
+            let holds = shards.iter().flat_map(|s| &s.replicas).any(|r| r.node == id);
             let up = shards.iter().flat_map(|s| &s.replicas).all(|r| r.node != id || !r.node_down);
-            up && shards.iter().all(|s| !s.replicas.iter().any(|r| r.node == id) || s.replicas.iter().any(|r| r.node != id && serving(r)))
+            holds
+                && up
+                && shards.iter().all(|s| !s.replicas.iter().any(|r| r.node == id) || s.replicas.iter().any(|r| r.node != id && serving(r)))
         })
         .collect();
     (!safe.is_empty()).then(|| safe[rng.random_range(0..safe.len())])
 }
 
-/// The faults, one at a time, rotating through the kinds. A node fault
-/// (SIGKILL, SIGSTOP) hits a node whose every shard has another copy in
-/// sync on a node that is up: with two copies, a node lost while a shard's
-/// other copy is still catching up takes that shard's last copy, which no
-/// replication factor of two survives. When no node is safe to lose, the
-/// controller or etcd take the node fault's turn, so faults keep coming.
+/// Every shard of both collections, each with its key (`collection/shard`),
+/// from the first coordinator that answers (one may be the controller
+/// just killed).
+async fn all_shards(admins: &Clients) -> Result<Vec<(String, v1::ShardInfo)>, String> {
+    let mut last = String::from("no coordinator");
+    for admin in &admins.clients {
+        let mut admin = admin.clone();
+        let mut shards = Vec::new();
+        let mut failed = None;
+        for name in COLLECTIONS {
+            match admin.describe_collection(v1::DescribeCollectionRequest { name: name.into() }).await {
+                Ok(info) => shards.extend(info.into_inner().shards.into_iter().map(|s| (format!("{name}/{}", s.shard), s))),
+                Err(e) => {
+                    failed = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        match failed {
+            None => return Ok(shards),
+            Some(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Nodes a fault still plays out on (killed and not yet back in sync, or
+/// not yet repaired elsewhere): no other node fault picks them meanwhile.
+type Busy = Arc<Mutex<HashSet<usize>>>;
+
+/// The faults, one every `fault_every`, rotating through the kinds. A node
+/// fault (SIGKILL, SIGSTOP) hits a node whose every shard has another copy
+/// in sync on a node that is up: with two copies, a node lost while a
+/// shard's other copy is still catching up takes that shard's last copy,
+/// which no replication factor of two survives. When no node is safe to
+/// lose, the controller or etcd take the node fault's turn, so faults keep
+/// coming. A killed node's return (rejoin, or repair and then return) is
+/// awaited and timed by a task of its own, so that the next faults do not
+/// wait for it.
 async fn run_faults(
     cfg: &ChaosConfig,
     seed: u64,
     cluster: &Arc<Mutex<ProcessCluster>>,
     etcd: &Arc<Mutex<Etcd>>,
     timeline: &Arc<Mutex<Timeline>>,
-    mut admin: ShoalClient<Channel>,
+    admins: Clients,
     started: Instant,
 ) -> anyhow::Result<()> {
     let mut rng = StdRng::seed_from_u64(seed);
     let end = Instant::now() + cfg.faults_for;
+    let busy: Busy = Arc::default();
+    let mut returns = Vec::new();
     let mut kills = 0usize;
     for i in 0.. {
         if Instant::now() >= end {
@@ -673,7 +729,8 @@ async fn run_faults(
         let mut turn = i % 4;
         let mut node = 0;
         if turn < 2 {
-            match node_safe_to_lose(&mut admin, cfg.shard_nodes, &mut rng).await {
+            let taken = busy.lock().clone();
+            match node_safe_to_lose(&admins, cfg.shard_nodes, &taken, &mut rng).await {
                 Some(n) => node = n,
                 None => turn = 2 + (i / 4) % 2,
             }
@@ -681,29 +738,30 @@ async fn run_faults(
         let kind = match turn {
             0 => {
                 kills += 1;
+                // Safe to lose was just read, so the shards it holds can be.
+                let Ok(shards) = all_shards(&admins).await else { continue };
+                let held: HashSet<String> = shards
+                    .into_iter()
+                    .filter(|(_, s)| s.replicas.iter().any(|r| r.node == format!("shard-{node}")))
+                    .map(|(key, _)| key)
+                    .collect();
+                busy.lock().insert(node);
                 timeline.lock().node_kills.push(started.elapsed());
                 blocking(cluster, move |c| c.nodes[node].kill().map(|_| ())).await?;
                 let long = kills.is_multiple_of(2);
-                if long {
-                    // Gone past the lease and the repair delay: its copies are re-made elsewhere.
-                    let killed = Instant::now();
-                    let id = format!("shard-{node}");
-                    let within = cfg.lease_ttl + cfg.repair_after + Duration::from_secs(60);
-                    let repaired = settle_without(&mut admin, cfg.replication_factor as usize, Some(&id), within).await;
-                    if repaired.is_ok() {
-                        timeline.lock().repair_s.push(killed.elapsed().as_secs_f64());
-                    }
-                    blocking(cluster, move |c| c.nodes[node].restart()).await?;
-                    "node SIGKILL, back after repair"
-                } else {
-                    tokio::time::sleep(Duration::from_millis(rng.random_range(500..2_000))).await;
-                    blocking(cluster, move |c| c.nodes[node].restart()).await?;
-                    let back = Instant::now();
-                    if settle(&mut admin, cfg.replication_factor as usize, Duration::from_secs(60)).await.is_ok() {
-                        timeline.lock().rejoin_s.push(back.elapsed().as_secs_f64());
-                    }
-                    "node SIGKILL and restart"
-                }
+                let pause = Duration::from_millis(rng.random_range(500..2_000));
+                let back = NodeReturn {
+                    node,
+                    held,
+                    long,
+                    pause,
+                    within: cfg.lease_ttl + cfg.repair_after + Duration::from_secs(150),
+                    rebalance_returned: cfg.rebalance_returned,
+                    factor: cfg.replication_factor as usize,
+                };
+                let (cluster, timeline, busy, admins) = (Arc::clone(cluster), Arc::clone(timeline), Arc::clone(&busy), admins.clone());
+                returns.push(tokio::spawn(async move { back.run(cluster, timeline, busy, admins).await }));
+                if long { "node SIGKILL, back after repair" } else { "node SIGKILL and restart" }
             }
             1 => {
                 blocking(cluster, move |c| c.nodes[node].stop()).await?;
@@ -712,8 +770,13 @@ async fn run_faults(
                 "node SIGSTOP for 1-3 s"
             }
             2 => {
-                let status = admin.cluster_status(v1::ClusterStatusRequest {}).await.map(|r| r.into_inner());
-                let controller = status.ok().and_then(|s| s.control_plane).map(|c| c.controller).unwrap_or_default();
+                let mut controller = String::new();
+                for admin in &admins.clients {
+                    if let Ok(s) = admin.clone().cluster_status(v1::ClusterStatusRequest {}).await {
+                        controller = s.into_inner().control_plane.map(|c| c.controller).unwrap_or_default();
+                        break;
+                    }
+                }
                 blocking(cluster, move |c| {
                     let all = std::iter::once(&mut c.coordinator).chain(c.more_coordinators.iter_mut());
                     for p in all {
@@ -746,7 +809,111 @@ async fn run_faults(
             tokio::time::sleep(cfg.fault_every - spent).await;
         }
     }
+    for r in returns {
+        r.await??;
+    }
     Ok(())
+}
+
+/// A killed node's way back, timed. After a short pause it is restarted
+/// and its copies rejoin; after a long one (past the lease and the repair
+/// delay) its copies are first made again on other nodes, and it returns
+/// to a cluster that no longer counts on it.
+struct NodeReturn {
+    node: usize,
+    /// The shards (`collection/shard`) that had a copy on it when killed.
+    held: HashSet<String>,
+    long: bool,
+    pause: Duration,
+    within: Duration,
+    rebalance_returned: bool,
+    factor: usize,
+}
+
+impl NodeReturn {
+    async fn run(
+        self,
+        cluster: Arc<Mutex<ProcessCluster>>,
+        timeline: Arc<Mutex<Timeline>>,
+        busy: Busy,
+        admins: Clients,
+    ) -> anyhow::Result<()> {
+        let (node, id) = (self.node, format!("shard-{}", self.node));
+        if self.long {
+            // Each shard it held: `factor` copies in sync, none on it.
+            let repaired = self
+                .each_shard(&admins, |s| s.replicas.len() == self.factor && s.replicas.iter().all(|r| r.state == "active" && r.node != id))
+                .await;
+            timeline.lock().repair_s.extend(repaired);
+            blocking(&cluster, move |c| c.nodes[node].restart()).await?;
+            // Back empty: its copies live elsewhere now. As an operator
+            // would (docs/runbooks/replace-a-node.md), even the shards out
+            // with a rebalance, so that it holds copies again and later
+            // faults on it lose something.
+            let back = Instant::now();
+            if self.rebalance_returned && self.rebalance(&admins, &id).await {
+                timeline.lock().rebalance_s.push(back.elapsed().as_secs_f64());
+            }
+        } else {
+            tokio::time::sleep(self.pause).await;
+            blocking(&cluster, move |c| c.nodes[node].restart()).await?;
+            // Each of its copies in sync again, its node counted as up.
+            // Only the written collection's: the other's copies miss no
+            // write while the node is down, so they have nothing to rejoin.
+            let rejoined = NodeReturn { held: self.held.iter().filter(|k| k.starts_with("chaos/")).cloned().collect(), ..self }
+                .each_shard(&admins, |s| s.replicas.iter().filter(|r| r.node == id).all(|r| r.state == "active" && !r.node_down))
+                .await;
+            timeline.lock().rejoin_s.extend(rejoined);
+        }
+        busy.lock().remove(&node);
+        Ok(())
+    }
+
+    /// Asks for a rebalance (on the first coordinator that takes it, again
+    /// every few seconds) until the node holds an active copy, within the
+    /// bound.
+    async fn rebalance(&self, admins: &Clients, id: &str) -> bool {
+        let started = Instant::now();
+        let mut asked: Option<Instant> = None;
+        while started.elapsed() < self.within {
+            if let Ok(shards) = all_shards(admins).await {
+                if shards.iter().any(|(_, s)| s.replicas.iter().any(|r| r.node == id && r.state == "active")) {
+                    return true;
+                }
+                if asked.is_none_or(|at| at.elapsed() > Duration::from_secs(5)) {
+                    for admin in &admins.clients {
+                        if admin.clone().rebalance(v1::RebalanceRequest { dry_run: false, wait: false }).await.is_ok() {
+                            asked = Some(Instant::now());
+                            break;
+                        }
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        false
+    }
+
+    /// Seconds until each shard it held satisfied `ok` (and did not move),
+    /// for those that did within the bound: per replica, so that a shard
+    /// slowed by another fault does not hide the others.
+    async fn each_shard(&self, admins: &Clients, ok: impl Fn(&v1::ShardInfo) -> bool) -> Vec<f64> {
+        let started = Instant::now();
+        let mut waiting = self.held.clone();
+        let mut took = Vec::new();
+        while !waiting.is_empty() && started.elapsed() < self.within {
+            if let Ok(shards) = all_shards(admins).await {
+                for (key, s) in &shards {
+                    if waiting.contains(key) && s.moving.is_none() && ok(s) {
+                        waiting.remove(key);
+                        took.push(started.elapsed().as_secs_f64());
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        took
+    }
 }
 
 async fn blocking(
@@ -759,33 +926,14 @@ async fn blocking(
 
 /// Waits until every shard of both collections holds `factor` active
 /// copies and none moves.
-async fn settle(admin: &mut ShoalClient<Channel>, factor: usize, within: Duration) -> Result<(), String> {
-    settle_without(admin, factor, None, within).await
-}
-
-/// [`settle`], and no copy on `gone` (a node killed for good: its copies
-/// were forgotten and made again elsewhere).
-async fn settle_without(admin: &mut ShoalClient<Channel>, factor: usize, gone: Option<&str>, within: Duration) -> Result<(), String> {
+async fn settle(admins: &Clients, factor: usize, within: Duration) -> Result<(), String> {
     let started = Instant::now();
-    let ok = |s: &v1::ShardInfo| {
-        s.moving.is_none() && s.replicas.len() == factor && s.replicas.iter().all(|r| r.state == "active" && Some(r.node.as_str()) != gone)
-    };
+    let ok = |s: &v1::ShardInfo| s.moving.is_none() && s.replicas.len() == factor && s.replicas.iter().all(|r| r.state == "active");
     loop {
-        let mut last = None;
-        for name in COLLECTIONS {
-            match admin.describe_collection(v1::DescribeCollectionRequest { name: name.into() }).await {
-                Ok(info) => {
-                    let info = info.into_inner();
-                    if !info.shards.iter().all(ok) {
-                        last = Some(format!("{name}: {:?}", info.shards.iter().map(|s| &s.replicas).collect::<Vec<_>>()));
-                    }
-                }
-                Err(e) => last = Some(e.to_string()),
-            }
-            if last.is_some() {
-                break;
-            }
-        }
+        let last = match all_shards(admins).await {
+            Ok(shards) => shards.iter().find(|(_, s)| !ok(s)).map(|(key, s)| format!("{key}: {:?}", s.replicas)),
+            Err(e) => Some(e),
+        };
         let Some(last) = last else { return Ok(()) };
         if started.elapsed() >= within {
             return Err(format!("not every shard had {factor} copies in sync within {within:?}: {last}"));
@@ -798,6 +946,7 @@ fn figures(r: &mut ChaosReport, tl: &Timeline, acked: &[Vec<Acked>], searched: &
     r.faults = tl.faults.clone();
     r.rejoin_s = tl.rejoin_s.clone();
     r.repair_s = tl.repair_s.clone();
+    r.rebalance_s = tl.rebalance_s.clone();
     let from = tl.faults_from.unwrap_or_default();
     let (quiet, faulty): (Vec<&Searched>, Vec<&Searched>) = searched.iter().partition(|s| s.at < from);
     r.searches = searched.len() as u64;
@@ -806,8 +955,9 @@ fn figures(r: &mut ChaosReport, tl: &Timeline, acked: &[Vec<Acked>], searched: &
     r.searches_redirected = searched.iter().filter(|s| s.redirected).count() as u64;
     let mut failures: BTreeMap<String, u64> = BTreeMap::new();
     for e in searched.iter().filter_map(|s| s.error.as_ref()) {
-        *failures.entry(e.clone()).or_insert(0) += 1;
+        *failures.entry(failure_kind(e)).or_insert(0) += 1;
     }
+    r.first_failures = searched.iter().filter_map(|s| Some((s.at.as_secs_f64(), s.error.clone()?))).take(10).collect();
     r.search_failures = failures.into_iter().collect();
     r.search_failures.sort_by_key(|f| std::cmp::Reverse(f.1));
     r.search_failures.truncate(10);

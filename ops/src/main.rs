@@ -31,8 +31,8 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         shard_nodes: usize,
         /// The (first) coordinator's port; in process, shard nodes take the
-        /// ports after it. With `--etcd`, 0 gives every coordinator a free
-        /// port (printed when it is up).
+        /// ports after it. 0 gives every process a free port (printed when
+        /// it is up).
         #[arg(long, default_value_t = 7700)]
         port: u16,
         /// etcd endpoint: run separate processes sharing membership and
@@ -192,7 +192,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 async fn dev(data_dir: PathBuf, shard_nodes: usize, port: u16) -> anyhow::Result<()> {
     let mut cfg = EmbeddedConfig::ephemeral(&data_dir, shard_nodes);
     cfg.coordinator_listen = ([127, 0, 0, 1], port).into();
-    cfg.first_shard_port = port + 1;
+    // Port 0: every process on a free port (tests, several dev clusters).
+    cfg.first_shard_port = if port == 0 { 0 } else { port + 1 };
     let cluster = EmbeddedCluster::start(cfg).await?;
     println!("shoal dev cluster up; data in {}", data_dir.display());
     println!("  coordinator  {}", cluster.endpoint());
@@ -200,9 +201,10 @@ async fn dev(data_dir: PathBuf, shard_nodes: usize, port: u16) -> anyhow::Result
         println!("  shard-{i}      http://{a}");
     }
     println!();
-    println!("try:  grpcurl -plaintext 127.0.0.1:{port} list");
+    let at = cluster.endpoint().trim_start_matches("http://").to_owned();
+    println!("try:  grpcurl -plaintext {at} list");
     println!(
-        "      grpcurl -plaintext -d '{{\"name\":\"docs\",\"dimension\":3,\"metric\":\"COSINE\"}}' 127.0.0.1:{port} shoal.v1.Shoal/CreateCollection"
+        "      grpcurl -plaintext -d '{{\"name\":\"docs\",\"dimension\":3,\"metric\":\"COSINE\"}}' {at} shoal.v1.Shoal/CreateCollection"
     );
     println!("      shoalctl status");
     println!("Ctrl-C stops it (queued batches commit first).");

@@ -144,3 +144,55 @@ async fn membership_follows_registrations_on_etcd() {
     };
     membership_follows_registrations(shoal_control::metadata::open(&cfg).await.unwrap()).await;
 }
+
+/// A probe's verdict is a suspicion: one that timed out on a busy node
+/// marks a node down that still answers. Reads skip a suspected replica
+/// while another can answer, but when every in-sync replica of a shard is
+/// suspected, the last one is still asked: before, such a search failed
+/// with "its health check failed" although the node would have answered
+/// (18 of 412,597 searches in the 1,100 s chaos run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_the_prober_suspects_is_still_asked_when_no_other_is_left() {
+    let store: Arc<dyn MetadataStore> = Arc::new(InMemoryStore::new(Vec::new()));
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = rng("a_replica_the_prober_suspects_is_still_asked_when_no_other_is_left");
+    // Probes far apart: the marks below stay until the test ends.
+    let peers = PeerSettings { probe_interval_ms: 600_000, ..PeerSettings::default() };
+    let connector = GrpcConnector { max_message_bytes: 64 << 20, peers };
+    let cluster = Cluster::new(Arc::clone(&store), Box::new(connector), ClusterOptions::default());
+    let a = node(dir.path(), "node-a").await;
+    let b = node(dir.path(), "node-b").await;
+    let _presence_a = join(&store, &a, "node-a", dir.path()).await;
+    let _presence_b = join(&store, &b, "node-b", dir.path()).await;
+    until(&store, "both registered", Duration::from_secs(5), |v| v.members.len() == 2).await;
+    cluster.create_collection(v1::CreateCollectionRequest { replication_factor: 2, ..create("docs", 2) }).await.unwrap();
+    cluster.write("docs", points(&mut rng, 8, 0..50), vec![], None, None).await.unwrap();
+    let whole = cluster.search_many(search("docs", false), None).await.unwrap();
+    assert_eq!(whole.results[0].len(), 5);
+
+    // One suspected: its shards' other copies answer, as before.
+    let a_id = NodeId::parse("node-a").unwrap();
+    let b_id = NodeId::parse("node-b").unwrap();
+    cluster.liveness().mark_down(&a_id, "no answer within 1s (test)");
+    for _ in 0..20 {
+        let found = cluster.search_many(search("docs", false), None).await.unwrap();
+        assert_eq!(found.results, whole.results);
+    }
+    // Both suspected, both alive: every shard's last replica is asked.
+    cluster.liveness().mark_down(&b_id, "no answer within 1s (test)");
+    for _ in 0..20 {
+        let found = cluster.search_many(search("docs", false), None).await.unwrap_or_else(|e| panic!("both suspected: {e}"));
+        assert_eq!(found.results, whole.results);
+    }
+
+    // One really gone and one suspected: the suspected one answers.
+    a.shutdown().await.unwrap();
+    let found = cluster.search_many(search("docs", false), None).await.unwrap_or_else(|e| panic!("node-a gone: {e}"));
+    assert_eq!(found.results, whole.results);
+    // Both gone: the error names every replica's reason, not only the last.
+    b.shutdown().await.unwrap();
+    let e = cluster.search_many(search("docs", false), None).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Unavailable, "{e:?}");
+    let message = e.to_string();
+    assert!(message.contains("node-a") && message.contains("node-b"), "{message}");
+}
