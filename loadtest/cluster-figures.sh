@@ -16,6 +16,8 @@
 #      rounds (the machine is noisy).
 #
 # Usage: loadtest/cluster-figures.sh [OUT_DIR]   (default bench-out/cluster)
+#        TELEMETRY_ONLY=1 EF=48 loadtest/cluster-figures.sh [OUT_DIR]: only
+#        the 3-shard ingest and step 5, at that ef
 # Needs: cargo build --release -p loadtest -p shoal-shard-node -p shoal-coordinator
 #        ../shared/datasets/pypi/make.sh
 set -euo pipefail
@@ -51,7 +53,7 @@ wait_port() {
 # start_cluster NODES [KEY=VALUE ...]: shard nodes on 7801.., coordinator
 # on 7800, data kept in $data/NODES between starts.
 start_cluster() {
-  local n=$1
+  local n=$1 i
   shift
   local nodes=()
   for ((i = 0; i < n; i++)); do
@@ -88,6 +90,13 @@ else:
 PY
 }
 
+if [[ -n ${TELEMETRY_ONLY:-} ]]; then
+  start_cluster 3
+  "$lt" ingest --coordinator http://127.0.0.1:7800 --collection pypi --create --shards 3 \
+    --base "$ds/base.fvecs" --streams 3 --batch 1000 --no-progress --json "$out/ingest-3.json" | grep -E 'vectors/s'
+  stop_cluster
+  echo "3 shard(s): ef ${EF:-48} (given)" >"$out/ef-3.txt"
+else
 log "1. the engine alone, 2 search threads"
 "$lt" index-bench --base "$ds/base.fvecs" --query "$ds/query.fvecs" --groundtruth "$ds/groundtruth.ivecs" \
   --metric cosine --m 16 --ef-construction 100 --threads 2 --ef "$efs" --search-threads 2 --no-incremental \
@@ -109,23 +118,30 @@ for n in 3 1; do
   done
   stop_cluster
 done
+fi
 
 log "5. the cost of telemetry, $rounds interleaved rounds, 3 shards, closed loop"
 ef=$(cat "$out/ef-3.txt" | grep -oE 'ef [0-9]+' | grep -oE '[0-9]+')
 "$lt" otlp-sink --listen 127.0.0.1:4317 >"$out/otlp-sink.log" 2>&1 &
 sink=$!
 wait_port 4317
+telemetry_run() { # telemetry_run NAME ROUND: one configuration's closed loop
+  case $1 in
+  default) start_cluster 3 ;;
+  nometrics) start_cluster 3 SHOAL_SHARD_TELEMETRY__METRICS=false SHOAL_COORD_TELEMETRY__METRICS=false ;;
+  traced) start_cluster 3 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 \
+    SHOAL_SHARD_TELEMETRY__SAMPLING_RATIO=0.01 SHOAL_COORD_TELEMETRY__SAMPLING_RATIO=0.01 ;;
+  esac
+  q "telemetry-$1-$2" --clients 8 --ef "$ef" --duration 15s
+  stop_cluster
+}
+# The order turns every round, so that no configuration always runs first
+# or last after a restart.
+configs=(default nometrics traced)
 for ((round = 1; round <= rounds; round++)); do
-  start_cluster 3
-  q "telemetry-default-$round" --clients 8 --ef "$ef" --duration 15s
-  stop_cluster
-  start_cluster 3 SHOAL_SHARD_TELEMETRY__METRICS=false SHOAL_COORD_TELEMETRY__METRICS=false
-  q "telemetry-nometrics-$round" --clients 8 --ef "$ef" --duration 15s
-  stop_cluster
-  start_cluster 3 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 \
-    SHOAL_SHARD_TELEMETRY__SAMPLING_RATIO=0.01 SHOAL_COORD_TELEMETRY__SAMPLING_RATIO=0.01
-  q "telemetry-traced-$round" --clients 8 --ef "$ef" --duration 15s
-  stop_cluster
+  for ((turn = 0; turn < 3; turn++)); do
+    telemetry_run "${configs[(turn + round - 1) % 3]}" "$round"
+  done
 done
 kill -INT "$sink" && wait "$sink" || true
 cat "$out/otlp-sink.log"

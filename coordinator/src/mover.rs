@@ -317,34 +317,7 @@ impl Cluster {
             .map_err(|e| e.context(format!("raising the epoch of the copy on {}", m.to)))?;
 
         // Switch: one conditional change makes the target the owner.
-        self.change_shard(name, shard, |p, _| {
-            if !p.moving.as_ref().is_some_and(|now| now.to == m.to && now.attempt == attempt) {
-                return Err(aborted(name, shard, "another controller took the move over"));
-            }
-            let mut replicas = p.replicas.clone();
-            let moving = match m.kind {
-                // The moved copy takes the source's place in the list (a
-                // moved primary stays the primary); the other replicas stay
-                // as they are.
-                MoveKind::Move => {
-                    for r in replicas.iter_mut().filter(|r| r.node == m.from) {
-                        *r = Replica::active(m.to.clone());
-                    }
-                    Some(ShardMove { phase: MovePhase::Switched, attempt, ..m.clone() })
-                }
-                // The copy joins the active replicas (in the place of its
-                // node's dead one, if it had one); nothing is left to drop.
-                MoveKind::Copy => {
-                    match replicas.iter_mut().find(|r| r.node == m.to) {
-                        Some(r) => *r = Replica::active(m.to.clone()),
-                        None => replicas.push(Replica::active(m.to.clone())),
-                    }
-                    None
-                }
-            };
-            Ok(Some(ShardPlacement { replicas, epoch, moving }))
-        })
-        .await?;
+        self.change_shard(name, shard, |p, _| switched(name, shard, p, m, attempt, epoch).map(Some)).await?;
         tracing::info!(
             collection = %name, shard, epoch, last_seq = at.target,
             writes_paused_ms = fenced_at.elapsed().as_millis() as u64,
@@ -489,6 +462,50 @@ impl Cluster {
     }
 }
 
+/// The placement a move's switch writes: the target takes the source's
+/// place (a move) or joins the active replicas (a copy), at `epoch`.
+///
+/// Only while the store still records this attempt, and only while the
+/// source's copy is in sync: a write that missed the source during the
+/// copy (it timed out, its node stalled) took it out of the in-sync set
+/// and was acknowledged without it, so the target, copied from it, lacks
+/// that write. Switching anyway would mark the target in sync and lose
+/// the write the moment it served reads or became the primary.
+fn switched(name: &CollectionName, shard: u32, p: &ShardPlacement, m: &ShardMove, attempt: u64, epoch: u64) -> Result<ShardPlacement> {
+    if !p.moving.as_ref().is_some_and(|now| now.to == m.to && now.attempt == attempt) {
+        return Err(aborted(name, shard, "another controller took the move over"));
+    }
+    match p.replica(&m.from) {
+        Some(r) if r.state == ReplicaState::Active => {}
+        Some(r) => {
+            let why = format!("the source's copy on {} left the in-sync set during the copy (now {})", m.from, r.state.as_str());
+            return Err(aborted(name, shard, &why));
+        }
+        None => return Err(aborted(name, shard, &format!("the source's copy on {} left the placement during the copy", m.from))),
+    }
+    let mut replicas = p.replicas.clone();
+    let moving = match m.kind {
+        // The moved copy takes the source's place in the list (a moved
+        // primary stays the primary); the other replicas stay as they are.
+        MoveKind::Move => {
+            for r in replicas.iter_mut().filter(|r| r.node == m.from) {
+                *r = Replica::active(m.to.clone());
+            }
+            Some(ShardMove { phase: MovePhase::Switched, attempt, ..m.clone() })
+        }
+        // The copy joins the active replicas (in the place of its node's
+        // dead one, if it had one); nothing is left to drop.
+        MoveKind::Copy => {
+            match replicas.iter_mut().find(|r| r.node == m.to) {
+                Some(r) => *r = Replica::active(m.to.clone()),
+                None => replicas.push(Replica::active(m.to.clone())),
+            }
+            None
+        }
+    };
+    Ok(ShardPlacement { replicas, epoch, moving })
+}
+
 fn aborted(name: &CollectionName, shard: u32, why: &str) -> Error {
     Error::Aborted(format!("move of shard {shard} of {name}: {why}"))
 }
@@ -536,5 +553,38 @@ mod tests {
         assert_eq!(next_task(&v, none), Some(Task::Drain(docs.clone(), 1, node("n0"))));
         assert_eq!(next_task(&v, |_, s| s == 1), None, "a backed-off shard waits");
         assert_eq!(next_task(&view(vec![ShardPlacement::on(node("n1"))], &["n0"]), none), None);
+    }
+
+    #[test]
+    fn a_switch_needs_the_attempt_and_a_source_still_in_sync() {
+        let docs = CollectionName::parse("docs").unwrap();
+        let with = |states: [ReplicaState; 2], kind: MoveKind| {
+            let replicas = [("n0", states[0]), ("n1", states[1])].map(|(n, state)| Replica { node: node(n), state }).to_vec();
+            let moving = Some(ShardMove { from: node("n1"), to: node("n2"), phase: MovePhase::Copying, attempt: 3, kind });
+            ShardPlacement { replicas, epoch: 4, moving }
+        };
+        let m = |kind| ShardMove { from: node("n1"), to: node("n2"), phase: MovePhase::Copying, attempt: 3, kind };
+        let (active, dead) = (ReplicaState::Active, ReplicaState::Dead);
+
+        let p = with([active, active], MoveKind::Move);
+        let next = switched(&docs, 0, &p, &m(MoveKind::Move), 3, 5).unwrap();
+        let on: Vec<(&str, ReplicaState)> = next.replicas.iter().map(|r| (r.node.as_str(), r.state)).collect();
+        assert_eq!(on, [("n0", active), ("n2", active)]);
+        assert_eq!((next.epoch, next.moving.map(|m| m.phase)), (5, Some(MovePhase::Switched)));
+        let copied = switched(&docs, 0, &with([active, active], MoveKind::Copy), &m(MoveKind::Copy), 3, 5).unwrap();
+        assert_eq!(copied.in_sync_nodes().map(NodeId::as_str).collect::<Vec<_>>(), ["n0", "n1", "n2"]);
+        assert_eq!(copied.moving, None);
+
+        // A write that missed the source meanwhile was acknowledged without
+        // it: the copy made from it must not count as in sync.
+        for kind in [MoveKind::Move, MoveKind::Copy] {
+            let e = switched(&docs, 0, &with([active, dead], kind), &m(kind), 3, 5).unwrap_err();
+            assert!(e.to_string().contains("left the in-sync set during the copy (now dead)"), "{e}");
+        }
+        let mut gone = with([active, active], MoveKind::Move);
+        gone.replicas.pop();
+        assert!(switched(&docs, 0, &gone, &m(MoveKind::Move), 3, 5).unwrap_err().to_string().contains("left the placement"));
+        let e = switched(&docs, 0, &p, &m(MoveKind::Move), 2, 5).unwrap_err();
+        assert!(e.to_string().contains("another controller took the move over"), "{e}");
     }
 }

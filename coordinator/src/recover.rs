@@ -46,10 +46,12 @@ impl Cluster {
         // Above every epoch the shard had: a write stamped for the dead
         // node's copy, or the snapshot's, is refused by the new one.
         let epoch = placed_epoch.max(restored.epoch) + 1;
+        let fenced = self
+            .on_node(&to, client.fence_shard(v1::FenceShardRequest { shard: id.clone(), epoch }, Duration::from_secs(60)))
+            .await
+            .map_err(|e| e.context(format!("raising the epoch of the restored copy on {to}")));
         let switched = async {
-            self.on_node(&to, client.fence_shard(v1::FenceShardRequest { shard: id.clone(), epoch }, Duration::from_secs(60)))
-                .await
-                .map_err(|e| e.context(format!("raising the epoch of the restored copy on {to}")))?;
+            fenced.as_ref().map_err(Clone::clone)?;
             self.change_shard(&name, shard, |p, view| {
                 if *p.node() != dead || p.moving.is_some() {
                     return Err(Error::Aborted(format!(
@@ -68,9 +70,17 @@ impl Cluster {
         }
         .await;
         if let Err(e) = switched {
-            // Drop the copy unless another recovery to the same node won.
+            // Drop the copy only if the store surely did not take the
+            // switch: it refused it (the placement changed, or kept
+            // changing), or it was never asked. Any other error may hide a
+            // switch that was recorded although its answer was lost; the
+            // copy is then the shard's, and an unnamed copy only takes disk.
+            let refused = fenced.is_err() || matches!(e, Error::Aborted(_) | Error::Contended { .. });
+            // Nor if another recovery to the same node won.
             let won = self.collection(name.as_str()).ok().and_then(|c| c.shards.get(shard as usize).map(|p| p.holds(&to)));
-            if won != Some(true) {
+            if !refused {
+                tracing::warn!(collection = %name, shard, node = %to, error = %e, "the switch to a restored copy may have been recorded; the copy is kept");
+            } else if won != Some(true) {
                 let drop = v1::DropShardRequest { shard: id };
                 if let Err(d) = self.on_node(&to, client.drop_shard(drop, Duration::from_secs(60))).await {
                     tracing::warn!(collection = %name, shard, node = %to, error = %d, "could not drop a restored copy no placement names");

@@ -100,7 +100,12 @@ impl Shoal for ShoalService {
                     collection.clone_from(&batch.collection);
                 }
                 let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-                let span = tracing::info_span!(parent: &stream_span, "ingest.batch", collection = %batch.collection, source = %batch.source, offset = batch.offset, points = batch.points.len());
+                // Made inside the stream's span, not with it as an explicit
+                // parent: head sampling (shoal_server::sampling) reads a
+                // new span's trace from the current span.
+                let span = stream_span.in_scope(|| {
+                    tracing::info_span!("ingest.batch", collection = %batch.collection, source = %batch.source, offset = batch.offset, points = batch.points.len())
+                });
                 let ack = cluster.ingest(batch, left).instrument(span).await.map_err(Status::from);
                 let failed = ack.is_err();
                 if tx.send(ack).await.is_err() || failed {

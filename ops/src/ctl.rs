@@ -78,7 +78,9 @@ fn print_control_plane(cp: &v1::ControlPlane) {
 }
 
 pub fn print_collection(c: &v1::CollectionInfo) {
+    // 0 asks for the engine's default (M=16, ef_construction=100).
     let (m, efc) = c.index.map_or((0, 0), |i| (i.m, i.ef_construction));
+    let (m, efc) = (if m == 0 { "16".to_owned() } else { m.to_string() }, if efc == 0 { "100".to_owned() } else { efc.to_string() });
     let replication = match c.replication_factor {
         0 | 1 => String::new(),
         f => format!(", {f} replicas (writes need {} in sync)", c.min_in_sync.max(1)),

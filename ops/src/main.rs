@@ -263,8 +263,16 @@ async fn collections(endpoint: &str, c: Collections) -> anyhow::Result<()> {
     match c {
         Collections::List => {
             let list = client.list_collections(v1::ListCollectionsRequest {}).await?.into_inner();
+            // The list holds what the placement says; points and shard
+            // states need each collection's shards asked.
             for c in &list.collections {
-                ctl::print_collection(c);
+                match client.describe_collection(v1::DescribeCollectionRequest { name: c.name.clone() }).await {
+                    Ok(live) => ctl::print_collection(&live.into_inner()),
+                    Err(e) => {
+                        ctl::print_collection(c);
+                        println!("  (points unknown: {:?}: {})", e.code(), e.message());
+                    }
+                }
             }
             if list.collections.is_empty() {
                 println!("no collections");

@@ -1,5 +1,6 @@
 //! What every shoal process shares, in one place: configuration layering,
-//! telemetry (logs, OpenTelemetry traces and metrics, Prometheus), and the
+//! telemetry (logs, OpenTelemetry traces and metrics with head sampling,
+//! Prometheus), and the
 //! gRPC server around a process's services (accept loop with its limits,
 //! keep-alive, health, reflection, trace context, request metrics,
 //! `/metrics`). The shard node, the coordinator and the embedded cluster all
@@ -12,6 +13,7 @@ mod listener;
 mod process_metrics;
 pub mod propagation;
 mod rpc_metrics;
+pub mod sampling;
 mod signal;
 pub mod telemetry;
 

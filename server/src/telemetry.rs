@@ -39,8 +39,10 @@ pub struct TelemetryConfig {
     /// `http://127.0.0.1:4317`. Empty: the standard `OTEL_EXPORTER_OTLP_*`
     /// variables decide; if they name none either, nothing is exported.
     pub otlp_endpoint: String,
-    /// Fraction of new traces sampled. Parent-based: a caller that sent a
-    /// sampled `traceparent` is always followed, an unsampled one never.
+    /// Fraction of new traces sampled, decided when a trace's first span is
+    /// made (`sampling`): the spans of other traces are never built.
+    /// Parent-based: a caller that sent a sampled `traceparent` is always
+    /// followed, an unsampled one never.
     pub sampling_ratio: f64,
     /// Serve Prometheus metrics at `/metrics` on the gRPC port (HTTP/1.1).
     /// Off and not exporting over OTLP: metrics are not recorded at all.
@@ -79,6 +81,7 @@ impl TelemetryConfig {
 pub struct Telemetry {
     registry: prometheus::Registry,
     tracer: Option<SdkTracerProvider>,
+    sampling_ratio: f64,
     meter: SdkMeterProvider,
     exporting: Option<String>,
 }
@@ -97,6 +100,16 @@ pub fn init(service: &str, instance: &str, cfg: &TelemetryConfig) -> &'static Te
 /// The process's telemetry if set up.
 pub fn get() -> Option<&'static Telemetry> {
     TELEMETRY.get()
+}
+
+/// Whether this process exports traces (an OTLP collector is named).
+pub fn exports_traces() -> bool {
+    TELEMETRY.get().is_some_and(|t| t.tracer.is_some())
+}
+
+/// The ratio of new traces kept, if this process exports traces.
+pub fn trace_sampling_ratio() -> Option<f64> {
+    TELEMETRY.get().filter(|t| t.tracer.is_some()).map(|t| t.sampling_ratio)
 }
 
 fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
@@ -137,11 +150,12 @@ fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
             opentelemetry_otlp::SpanExporter::builder().with_tonic().with_endpoint(ep.clone()).with_timeout(Duration::from_secs(3)).build();
         match spans {
             Ok(exporter) => {
-                let ratio = cfg.sampling_ratio.clamp(0.0, 1.0);
+                // Sampling is decided before a span reaches the SDK
+                // (`sampling::HeadSampled`): what arrives is kept.
                 tracer = Some(
                     SdkTracerProvider::builder()
                         .with_resource(resource.clone())
-                        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))))
+                        .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
                         .with_batch_exporter(exporter)
                         .build(),
                 );
@@ -173,9 +187,9 @@ fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
         Some(provider) => {
             // The engine's spans of a batch's phases are at debug level:
             // they are what an operator opens a slow batch's trace for.
-            let spans = tracing_opentelemetry::layer()
-                .with_tracer(provider.tracer(service.to_owned()))
-                .with_filter(EnvFilter::new("info,shoal_engine=debug"));
+            let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer(service.to_owned()));
+            let spans = crate::sampling::HeadSampled::new(otel)
+                .with_filter(EnvFilter::new("info,shoal_engine=debug").and(crate::sampling::only_in_kept_traces()));
             tracing_subscriber::registry().with(logs).with(spans).try_init()
         }
         None => tracing_subscriber::registry().with(logs).try_init(),
@@ -186,7 +200,7 @@ fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
     if let Some(ep) = &endpoint {
         tracing::info!(endpoint = %ep, sampling = cfg.sampling_ratio, "exporting traces and metrics over OTLP");
     }
-    Telemetry { registry, tracer, meter, exporting: endpoint }
+    Telemetry { registry, tracer, sampling_ratio: cfg.sampling_ratio.clamp(0.0, 1.0), meter, exporting: endpoint }
 }
 
 impl Telemetry {

@@ -161,7 +161,10 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
         }
         // One trace can hold the group's work: it goes in the first part's,
         // and the others' point to it.
-        let group = tracing::info_span!(parent: &jobs[0].span, "commit_group", parts = jobs.len(), ops);
+        // Inside the first part's span rather than with it as an explicit
+        // parent: head sampling reads a new span's trace from the current
+        // span (shoal_server::sampling).
+        let group = jobs[0].span.in_scope(|| tracing::info_span!("commit_group", parts = jobs.len(), ops));
         for job in &jobs {
             let wait = job.queued.elapsed();
             m.queue_wait.record(wait.as_secs_f64(), &labels);

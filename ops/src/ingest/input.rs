@@ -2,11 +2,12 @@
 //! it is read: an error names the file, the row and the column, and comes
 //! before the batch holding that row is sent.
 //!
-//! Formats, by extension: `.fvecs` (TEXMEX), `.npy` (2-d float32) and JSON
+//! Formats, by extension: `.fvecs` (TEXMEX), `.npy` (2-d float32), JSON
 //! Lines (`.jsonl`, `.ndjson`: one object per line with a vector field, an
-//! optional id field, and every other field as the point's payload). Rows
-//! are numbered from 0 across all the files, in the order given; a row's id
-//! is its number plus `--id-start` unless a JSON line carries its own.
+//! optional id field, and every other field as the point's payload) and
+//! Parquet (`.parquet`: the same with columns, `parquet.rs`). Rows are
+//! numbered from 0 across all the files, in the order given; a row's id is
+//! its number plus `--id-start` unless the row carries its own.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
+use super::parquet::ParquetRows;
 use crate::vectors::fvecs::VecFile;
 use crate::vectors::npy::NpyMatrix;
 
@@ -26,7 +28,7 @@ pub struct Row {
     pub payload: Option<String>,
 }
 
-/// How JSON lines name their fields.
+/// How JSON lines name their fields and Parquet files their columns.
 #[derive(Debug, Clone)]
 pub struct JsonFields {
     pub vector: String,
@@ -52,6 +54,7 @@ enum Opened {
     Fvecs(VecFile),
     Npy(NpyMatrix),
     Jsonl(std::io::Lines<BufReader<File>>),
+    Parquet(Box<ParquetRows>),
 }
 
 /// An input file, opened and measured.
@@ -83,7 +86,11 @@ impl Input {
                 let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
                 (Opened::Jsonl(BufReader::new(file).lines()), dim, rows)
             }
-            _ => bail!("{}: unknown format; the extension must be .fvecs, .npy, .jsonl or .ndjson", path.display()),
+            "parquet" => {
+                let (p, dim, rows) = ParquetRows::open(path, fields)?;
+                (Opened::Parquet(Box::new(p)), dim, rows)
+            }
+            _ => bail!("{}: unknown format; the extension must be .fvecs, .npy, .jsonl, .ndjson or .parquet", path.display()),
         };
         Ok(Input { path: path.to_owned(), opened, dim, rows })
     }
@@ -103,6 +110,7 @@ impl Input {
                 let (vector, id, payload) = parse_line(&line, fields).map_err(|(column, e)| anyhow::anyhow!("{}: {e}", at(&column)))?;
                 (vector, id, payload)
             }
+            Opened::Parquet(p) => p.next_row(&self.path, i)?.map_err(|(column, e)| anyhow::anyhow!("{}: {e}", at(&column)))?,
         };
         if vector.len() != checks.dim {
             bail!("{}: {} components, the collection's dimension is {}", at("vector"), vector.len(), checks.dim);
@@ -141,7 +149,8 @@ fn count_lines(path: &Path, fields: &JsonFields) -> Result<(usize, Option<usize>
     Ok((rows, dim))
 }
 
-type Parsed = (Vec<f32>, Option<u64>, Option<String>);
+/// A row's vector, its own id if it has one, and its payload.
+pub(super) type Parsed = (Vec<f32>, Option<u64>, Option<String>);
 
 /// One JSON line: its vector, its id if the line has one, and the other
 /// fields as a payload. An error names the column it is about.

@@ -9,6 +9,7 @@
 //! only what comes after.
 
 pub mod input;
+pub mod parquet;
 pub mod plan;
 pub mod stream;
 
@@ -35,8 +36,8 @@ pub struct Args {
     /// it resumes after what was acknowledged.
     #[arg(long)]
     pub source: String,
-    /// `.fvecs`, `.npy` (2-d float32) or JSON Lines (`.jsonl`, `.ndjson`),
-    /// read in this order.
+    /// `.fvecs`, `.npy` (2-d float32), JSON Lines (`.jsonl`, `.ndjson`) or
+    /// Parquet (`.parquet`), read in this order.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Create the collection if it does not exist, with the files'
@@ -65,13 +66,14 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub window: usize,
     /// A row's id is its number (from 0, across the files) plus this,
-    /// unless a JSON line has an id.
+    /// unless the row has an id (a JSON line's id field, a Parquet id column).
     #[arg(long, default_value_t = 0)]
     pub id_start: u64,
-    /// JSON Lines: the field holding the id ("" for row numbers).
+    /// JSON Lines and Parquet: the field or column holding the id ("" for
+    /// row numbers; a file without it is numbered too).
     #[arg(long, default_value = "id")]
     pub id_field: String,
-    /// JSON Lines: the field holding the vector.
+    /// JSON Lines and Parquet: the field or column holding the vector.
     #[arg(long, default_value = "vector")]
     pub vector_field: String,
     /// Give up after this many seconds without an acknowledged batch

@@ -163,9 +163,12 @@ impl Stream {
                         }
                         let rows = p.rows.end - p.rows.start;
                         self.counters.rows.fetch_add(rows, Ordering::Relaxed);
-                        self.counters.bytes.fetch_add(p.bytes as u64, Ordering::Relaxed);
+                        let bytes = self.counters.bytes.fetch_add(p.bytes as u64, Ordering::Relaxed) + p.bytes as u64;
                         self.counters.batches.fetch_add(1, Ordering::Relaxed);
                         self.progress.inc(rows);
+                        // Also clears a retry's message: acks flow again.
+                        let secs = self.progress.elapsed().as_secs_f64().max(1e-3);
+                        self.progress.set_message(format!("{:.1} MB/s", bytes as f64 / secs / 1e6));
                         *last_ack = Instant::now();
                     }
                     None if pending.is_empty() => {

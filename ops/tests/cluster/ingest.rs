@@ -160,3 +160,51 @@ async fn ingest_stops_at_a_bad_row_naming_it_and_sends_nothing_of_its_batch() {
     assert_eq!(payload, Some(v1::payload::Kind::Json("{\"title\":\"row 0\"}".into())), "the other fields are the payload");
     tc.cluster.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parquet_file_loads_with_its_ids_vectors_and_payload_columns() {
+    use std::sync::Arc;
+
+    use arrow_array::builder::{FixedSizeListBuilder, Float32Builder};
+    use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+
+    let mut tc = cluster(2).await;
+    let endpoint = tc.cluster.endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = rng("a_parquet_file_loads_with_its_ids_vectors_and_payload_columns");
+    let n = 1500usize;
+    let ids: Vec<i64> = (0..n as i64).map(|i| 10_000 + 3 * i).collect();
+    let vectors: Vec<Vec<f32>> = (0..n).map(|_| crate::common::vector(&mut r, DIM)).collect();
+    let mut list = FixedSizeListBuilder::new(Float32Builder::new(), DIM as i32);
+    for v in &vectors {
+        list.values().append_slice(v);
+        list.append(true);
+    }
+    let titles: Vec<String> = (0..n).map(|i| format!("package {i}")).collect();
+    let batch = RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from(ids.clone())) as ArrayRef),
+        ("vector", Arc::new(list.finish()) as ArrayRef),
+        ("title", Arc::new(StringArray::from(titles.clone())) as ArrayRef),
+    ])
+    .unwrap();
+    let path = dir.path().join("docs.parquet");
+    let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+
+    let out = ingest_cmd(&endpoint, &[&path], "2", "8192").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let wanted: Vec<u64> = ids.iter().map(|&i| i as u64).collect();
+    let got = tc.client.get(v1::GetRequest { collection: "docs".into(), ids: wanted, with_vector: true }).await.unwrap().into_inner();
+    assert!(got.missing.is_empty(), "{} ids missing", got.missing.len());
+    let mut points = got.points;
+    points.sort_by_key(|p| p.id);
+    assert_eq!(points.len(), n);
+    for (i, p) in points.iter().enumerate() {
+        assert_eq!(p.id, ids[i] as u64);
+        assert_eq!(p.vector, vectors[i], "point {}", p.id);
+        let payload = p.payload.as_ref().and_then(|p| p.kind.clone());
+        assert_eq!(payload, Some(v1::payload::Kind::Json(format!("{{\"title\":\"{}\"}}", titles[i]))), "point {}", p.id);
+    }
+    tc.cluster.shutdown().await.unwrap();
+}

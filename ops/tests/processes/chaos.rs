@@ -2,7 +2,8 @@
 //! 4 shard nodes, 6 shards with 2 copies, 3 ingest streams and 4 search
 //! clients, and about ten faults in rotation (a node SIGKILLed and back
 //! soon, SIGSTOPped, the controller SIGKILLed, etcd restarted, a node
-//! gone long enough to be repaired). Nothing acknowledged may be lost,
+//! gone long enough to be repaired, then rebalanced back: shard moves
+//! under faults). Nothing acknowledged may be lost,
 //! no point may be stale or a phantom, the replicas must agree, no search
 //! may fail or be partial, and recall must hold. The timings are printed,
 //! not asserted: `shoal-loadtest chaos` measures them on a long run.
@@ -33,10 +34,6 @@ pub(crate) fn etcd_chaos_a_short_run_loses_nothing() -> anyhow::Result<()> {
     cfg.base_points = 2_000;
     cfg.lease_ttl = Duration::from_secs(2);
     cfg.repair_after = Duration::from_secs(3);
-    // Shard moves under faults lost acknowledged points in the long run
-    // (docs/replication.md, "Shard moves under faults"); until that is
-    // fixed, the suite's run leaves a repaired node empty.
-    cfg.rebalance_returned = false;
     let report = block_on(run(cfg))?;
     eprintln!("{}", report.table());
     let losses = report.losses();

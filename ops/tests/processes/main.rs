@@ -57,6 +57,10 @@ fn main() -> ExitCode {
             snapshots::an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned,
         ),
         trial("one_search_is_one_otlp_trace_with_a_span_per_shard", telemetry::one_search_is_one_otlp_trace_with_a_span_per_shard),
+        trial(
+            "sampled_searches_are_whole_traces_and_the_others_leave_no_span",
+            telemetry::sampled_searches_are_whole_traces_and_the_others_leave_no_span,
+        ),
         trial("metrics_move_with_the_work_done", telemetry::metrics_move_with_the_work_done),
         trial("shoalctl_top_shows_the_metrics_of_each_node", telemetry::shoalctl_top_shows_the_metrics_of_each_node),
         trial("an_unreachable_otlp_collector_stalls_nothing", telemetry::an_unreachable_otlp_collector_stalls_nothing),

@@ -146,6 +146,66 @@ pub(crate) fn one_search_is_one_otlp_trace_with_a_span_per_shard() -> anyhow::Re
     })
 }
 
+/// At a sampling ratio of 0.3, 40 searches: the kept ones arrive as whole
+/// traces (the coordinator's search and every shard's), and the others
+/// leave no span anywhere: a shard node told the caller's trace is not
+/// kept starts none of its own.
+pub(crate) fn sampled_searches_are_whole_traces_and_the_others_leave_no_span() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (addr, collector) = rt.block_on(start_collector())?;
+    let endpoint = format!("http://{addr}");
+    let fx = Fixture::start(3, |spec| {
+        for (env, ratio) in [
+            (&mut spec.node_env, "SHOAL_SHARD_TELEMETRY__SAMPLING_RATIO"),
+            (&mut spec.coordinator_env, "SHOAL_COORD_TELEMETRY__SAMPLING_RATIO"),
+        ] {
+            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), endpoint.clone()));
+            env.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()));
+            env.push((ratio.into(), "0.3".into()));
+        }
+    })?;
+    rt.block_on(async {
+        let mut client = fx.client().await?;
+        let mut rng = rng("sampled_searches_are_whole_traces_and_the_others_leave_no_span");
+        create(&mut client, "docs", 16, 3).await?;
+        upsert_all(&mut client, "docs", points(&mut rng, 16, 0..300), 300).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        collector.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+        let searches = 40;
+        for _ in 0..searches {
+            client
+                .search(v1::SearchRequest { collection: "docs".into(), vector: vector(&mut rng, 16), k: 5, ..Default::default() })
+                .await?;
+        }
+        // Every kept search's trace complete: three shard node searches.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let (kept, spans) = loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let spans = collector.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            let kept: BTreeSet<Vec<u8>> =
+                spans.iter().filter(|s| s.service == "shoal-coordinator" && s.name == "search").map(|s| s.trace.clone()).collect();
+            let whole = kept
+                .iter()
+                .all(|t| spans.iter().filter(|s| &s.trace == t && s.service == "shoal-shard-node" && s.name == "search").count() == 3);
+            if whole || Instant::now() > deadline {
+                break (kept, spans);
+            }
+        };
+        check!(fx, !kept.is_empty() && kept.len() < searches, "{} of {searches} searches traced at a ratio of 0.3", kept.len());
+        for t in &kept {
+            let on_nodes = spans.iter().filter(|s| &s.trace == t && s.service == "shoal-shard-node" && s.name == "search").count();
+            check!(fx, on_nodes == 3, "a kept search's trace has {on_nodes} shard node searches, not 3");
+        }
+        // Late spans of searches not kept would show up as traces of their own.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let spans = collector.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let orphans: Vec<&Received> =
+            spans.iter().filter(|s| s.service == "shoal-shard-node" && s.name == "search" && !kept.contains(&s.trace)).collect();
+        check!(fx, orphans.is_empty(), "{} shard node search spans outside the kept traces: {orphans:#?}", orphans.len());
+        Ok(())
+    })
+}
+
 /// `GET /metrics` over HTTP/1.1 on a process's gRPC port.
 async fn scrape(addr: SocketAddr) -> anyhow::Result<String> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
