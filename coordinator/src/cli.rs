@@ -29,6 +29,12 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// Serve plain text on a non-loopback address (listener.insecure):
+    /// only on a network no one else reaches. Without it, such a listener
+    /// needs TLS (docs/security.md).
+    #[arg(long)]
+    #[serde(skip)]
+    pub insecure: bool,
     /// With etcd, shard nodes register there and coordinators read
     /// membership and placement from it.
     #[command(flatten)]
@@ -46,6 +52,7 @@ impl Cli {
     pub fn config(&self) -> anyhow::Result<CoordinatorConfig> {
         let mut cfg: CoordinatorConfig = shoal_server::config::load(self.config.as_deref(), "coordinator", "SHOAL_COORD_", self)?;
         self.etcd.apply(&mut cfg.cluster);
+        cfg.listener.insecure |= self.insecure;
         Ok(cfg)
     }
 }

@@ -31,6 +31,10 @@ pub struct PeerSettings {
     /// ... and a node that does not answer within this is marked down:
     /// writes to it fail fast, searches skip it, calls in flight to it end.
     pub probe_timeout_ms: u64,
+    /// TLS to the shard nodes: the CA that signed their certificates and
+    /// this coordinator's own certificate, which nodes requiring mutual TLS
+    /// check. Node addresses are then dialled as `https://`.
+    pub tls: Option<shoal_server::ClientTls>,
 }
 
 impl Default for PeerSettings {
@@ -41,6 +45,7 @@ impl Default for PeerSettings {
             keepalive_timeout_ms: 2_000,
             probe_interval_ms: 500,
             probe_timeout_ms: 1_000,
+            tls: None,
         }
     }
 }
@@ -66,8 +71,16 @@ impl ShardClient {
     /// A lazily connecting gRPC client: a node that is down makes calls fail
     /// with UNAVAILABLE instead of making the coordinator fail to start.
     pub fn connect_lazy(address: &str, max_message_bytes: usize, peers: &PeerSettings) -> Result<Self, ShoalError> {
-        let endpoint = Endpoint::from_shared(address.to_owned())
-            .map_err(|e| ShoalError::invalid(format!("bad shard node address {address:?}: {e}")))?
+        let url = if peers.tls.is_some() { shoal_server::tls::https(address) } else { address.to_owned() };
+        let mut endpoint =
+            Endpoint::from_shared(url).map_err(|e| ShoalError::invalid(format!("bad shard node address {address:?}: {e}")))?;
+        if let Some(tls) = &peers.tls {
+            // Loaded per channel (rarely: channels are pooled per node), so
+            // certificates renewed on disk are picked up by new channels.
+            let config = tls.load().map_err(|e| ShoalError::invalid(format!("peers.tls: {e:#}")))?;
+            endpoint = endpoint.tls_config(config).map_err(|e| ShoalError::invalid(format!("peers.tls: {e}")))?;
+        }
+        let endpoint = endpoint
             .connect_timeout(Duration::from_millis(peers.connect_timeout_ms.max(1)))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_millis(peers.keepalive_interval_ms.max(1)))

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use shoal_control::ClusterConfig;
 use shoal_server::{ListenerConfig, TelemetryConfig};
 
+use crate::auth::AuthConfig;
 use crate::client::PeerSettings;
 use crate::validate::Limits;
 
@@ -49,6 +50,8 @@ pub struct CoordinatorConfig {
     pub hedge_reads: bool,
     /// A fixed hedge delay instead of the replica's p95 (0: the p95).
     pub hedge_after_ms: u64,
+    /// API keys for the public service; none: every call allowed.
+    pub auth: AuthConfig,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -78,6 +81,7 @@ impl Default for CoordinatorConfig {
             repair_after_ms: 300_000,
             hedge_reads: true,
             hedge_after_ms: 0,
+            auth: AuthConfig::default(),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! ingest by point id to shard nodes, and answers searches by scattering to
 //! every shard and merging the global top-k.
 
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod cluster;

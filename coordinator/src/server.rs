@@ -10,6 +10,7 @@ use shoal_proto::NodeId;
 use shoal_proto::v1::shoal_server::ShoalServer;
 use tokio::net::TcpListener;
 
+use crate::auth::Auth;
 use crate::cluster::{Cluster, ClusterOptions, Hedge};
 use crate::config::{CoordinatorConfig, url};
 use crate::controller::Controller;
@@ -24,6 +25,8 @@ pub struct RunningCoordinator {
     pub cluster: Arc<Cluster>,
     controller: Option<Controller>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Reads the API keys file again when it changes.
+    auth_watch: Option<tokio::task::JoinHandle<()>>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
@@ -70,6 +73,16 @@ impl RunningCoordinator {
 
     pub async fn start_on(cfg: &CoordinatorConfig, listener: TcpListener) -> anyhow::Result<RunningCoordinator> {
         let addr = listener.local_addr()?;
+        cfg.listener.check(addr)?;
+        // Everything read from files is read now, so a bad path or key
+        // stops the start instead of the first call that needs it.
+        let auth = Auth::from_config(&cfg.auth)?;
+        if let Some(tls) = &cfg.peers.tls {
+            tls.load().map_err(|e| anyhow::anyhow!("coordinator.peers.tls: {e:#}"))?;
+        }
+        if !cfg.auth.enabled() && !addr.ip().is_loopback() {
+            tracing::warn!(%addr, "no API keys configured (coordinator.auth): anyone who reaches this address may drop collections");
+        }
         let meta = store_from_config(cfg).await?;
         let cluster = Arc::new(cluster_from_config(cfg, Arc::clone(&meta), addr));
         // Without etcd the shard nodes hold the only record of the
@@ -82,7 +95,7 @@ impl RunningCoordinator {
         }
         let controller = Some(Controller::spawn(Arc::clone(&cluster), cfg.coordinator_id(addr), cfg.cluster.lease_ttl()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let svc = ShoalServer::new(ShoalService::new(Arc::clone(&cluster), cfg.max_message_bytes))
+        let svc = ShoalServer::new(ShoalService::new(Arc::clone(&cluster), cfg.max_message_bytes).with_auth(Arc::clone(&auth)))
             .max_decoding_message_size(cfg.max_message_bytes)
             .max_encoding_message_size(cfg.max_message_bytes);
         let (listener_cfg, metrics) = (cfg.listener.clone(), cfg.telemetry.metrics);
@@ -94,8 +107,9 @@ impl RunningCoordinator {
             .await
         };
         let task = tokio::spawn(server);
+        let auth_watch = auth.watch();
         tracing::info!(%addr, "coordinator serving");
-        Ok(RunningCoordinator { addr, cluster, controller, stop: Some(stop), task })
+        Ok(RunningCoordinator { addr, cluster, controller, stop: Some(stop), auth_watch, task })
     }
 
     /// Stops accepting and waits for in-flight requests (and the writes
@@ -107,6 +121,9 @@ impl RunningCoordinator {
         }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
+        }
+        if let Some(w) = self.auth_watch.take() {
+            w.abort();
         }
         (&mut self.task).await??;
         Ok(())

@@ -11,6 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
+use crate::auth::{Auth, Principal, Role};
 use crate::cluster::{Cluster, SearchQuery};
 use crate::error::Error;
 
@@ -18,11 +19,28 @@ use crate::error::Error;
 pub struct ShoalService {
     cluster: Arc<Cluster>,
     max_message_bytes: usize,
+    auth: Arc<Auth>,
 }
 
 impl ShoalService {
+    /// Every call allowed; see [`ShoalService::with_auth`].
     pub fn new(cluster: Arc<Cluster>, max_message_bytes: usize) -> Self {
-        ShoalService { cluster, max_message_bytes }
+        ShoalService { cluster, max_message_bytes, auth: Auth::open() }
+    }
+
+    /// Calls need an API key from `auth`.
+    #[must_use]
+    pub fn with_auth(mut self, auth: Arc<Auth>) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// The caller, if its key allows `need` on `collection` (None: the
+    /// whole cluster); checked before anything is done.
+    fn allow<T>(&self, r: &Request<T>, need: Role, collection: Option<&str>, rpc: &'static str) -> Result<Principal, Status> {
+        let who = self.auth.authenticate(r.metadata(), rpc)?;
+        who.allow(need, collection, rpc)?;
+        Ok(who)
     }
 
     /// An answer that fits in one message, or RESOURCE_EXHAUSTED saying so
@@ -42,6 +60,12 @@ impl ShoalService {
     }
 }
 
+/// A request's collection, where empty means every collection (which
+/// needs a key not limited to collections).
+fn scoped(collection: &str) -> Option<&str> {
+    (!collection.is_empty()).then_some(collection)
+}
+
 /// Time left before the caller's deadline, if it set one.
 fn caller<T>(r: &Request<T>) -> Option<std::time::Duration> {
     shoal_proto::deadline::timeout_of(r.metadata())
@@ -52,19 +76,25 @@ type AckStream = Pin<Box<dyn Stream<Item = Result<v1::IngestAck, Status>> + Send
 #[tonic::async_trait]
 impl Shoal for ShoalService {
     async fn create_collection(&self, r: Request<v1::CreateCollectionRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
+        self.allow(&r, Role::Admin, Some(&r.get_ref().name), "CreateCollection")?;
         Ok(Response::new(self.cluster.create_collection(r.into_inner()).await?))
     }
 
-    async fn list_collections(&self, _: Request<v1::ListCollectionsRequest>) -> Result<Response<v1::ListCollectionsResponse>, Status> {
-        Ok(Response::new(v1::ListCollectionsResponse { collections: self.cluster.list_collections() }))
+    async fn list_collections(&self, r: Request<v1::ListCollectionsRequest>) -> Result<Response<v1::ListCollectionsResponse>, Status> {
+        // Every key may list; a key limited to collections sees those.
+        let who = self.auth.authenticate(r.metadata(), "ListCollections")?;
+        let collections = self.cluster.list_collections().into_iter().filter(|c| who.sees(&c.name)).collect();
+        Ok(Response::new(v1::ListCollectionsResponse { collections }))
     }
 
     async fn describe_collection(&self, r: Request<v1::DescribeCollectionRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
+        self.allow(&r, Role::Read, Some(&r.get_ref().name), "DescribeCollection")?;
         let caller = caller(&r);
         Ok(Response::new(self.cluster.describe(&r.into_inner().name, caller).await?))
     }
 
     async fn drop_collection(&self, r: Request<v1::DropCollectionRequest>) -> Result<Response<v1::DropCollectionResponse>, Status> {
+        self.allow(&r, Role::Admin, Some(&r.get_ref().name), "DropCollection")?;
         self.cluster.drop_collection(&r.into_inner().name).await?;
         Ok(Response::new(v1::DropCollectionResponse {}))
     }
@@ -74,6 +104,10 @@ impl Shoal for ShoalService {
     async fn ingest(&self, r: Request<Streaming<v1::IngestRequest>>) -> Result<Response<AckStream>, Status> {
         // A deadline on the stream bounds the whole stream.
         let deadline = caller(&r).and_then(|t| tokio::time::Instant::now().checked_add(t));
+        // The key is checked once for the stream and its scope against
+        // each batch's collection.
+        let who = self.auth.authenticate(r.metadata(), "Ingest")?;
+        who.has_role(Role::Write, "Ingest")?;
         let mut batches = r.into_inner();
         let cluster = Arc::clone(&self.cluster);
         // One batch at a time per stream, so that a source's batches reach
@@ -99,6 +133,10 @@ impl Shoal for ShoalService {
                 } else {
                     collection.clone_from(&batch.collection);
                 }
+                if let Err(refused) = who.allow(Role::Write, Some(&batch.collection), "Ingest") {
+                    let _ = tx.send(Err(refused)).await;
+                    return;
+                }
                 let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
                 // Made inside the stream's span, not with it as an explicit
                 // parent: head sampling (shoal_server::sampling) reads a
@@ -117,11 +155,13 @@ impl Shoal for ShoalService {
     }
 
     async fn get_offsets(&self, r: Request<v1::GetOffsetsRequest>) -> Result<Response<v1::GetOffsetsResponse>, Status> {
+        self.allow(&r, Role::Read, Some(&r.get_ref().collection), "GetOffsets")?;
         let caller = caller(&r);
         Ok(Response::new(self.cluster.offsets(r.into_inner(), caller).await?))
     }
 
     async fn upsert(&self, r: Request<v1::UpsertRequest>) -> Result<Response<v1::WriteResponse>, Status> {
+        self.allow(&r, Role::Write, Some(&r.get_ref().collection), "Upsert")?;
         let caller = caller(&r);
         let v1::UpsertRequest { collection, points } = r.into_inner();
         let span = tracing::info_span!("upsert", collection = %collection, points = points.len());
@@ -130,6 +170,7 @@ impl Shoal for ShoalService {
     }
 
     async fn delete(&self, r: Request<v1::DeleteRequest>) -> Result<Response<v1::WriteResponse>, Status> {
+        self.allow(&r, Role::Write, Some(&r.get_ref().collection), "Delete")?;
         let caller = caller(&r);
         let v1::DeleteRequest { collection, ids } = r.into_inner();
         let span = tracing::info_span!("delete", collection = %collection, ids = ids.len());
@@ -138,11 +179,13 @@ impl Shoal for ShoalService {
     }
 
     async fn get(&self, r: Request<v1::GetRequest>) -> Result<Response<v1::GetResponse>, Status> {
+        self.allow(&r, Role::Read, Some(&r.get_ref().collection), "Get")?;
         let caller = caller(&r);
         self.fits(self.cluster.get(r.into_inner(), caller).await?)
     }
 
     async fn search(&self, r: Request<v1::SearchRequest>) -> Result<Response<v1::SearchResponse>, Status> {
+        self.allow(&r, Role::Read, Some(&r.get_ref().collection), "Search")?;
         let caller = caller(&r);
         let v1::SearchRequest { collection, vector, k, ef, with_payload, allow_partial, timeout_ms } = r.into_inner();
         let q = SearchQuery { collection, queries: vec![vector], k, ef, with_payload, allow_partial, timeout_ms };
@@ -153,6 +196,7 @@ impl Shoal for ShoalService {
     }
 
     async fn search_batch(&self, r: Request<v1::SearchBatchRequest>) -> Result<Response<v1::SearchBatchResponse>, Status> {
+        self.allow(&r, Role::Read, Some(&r.get_ref().collection), "SearchBatch")?;
         let caller = caller(&r);
         let v1::SearchBatchRequest { collection, queries, k, ef, with_payload, allow_partial, timeout_ms } = r.into_inner();
         let queries = queries.into_iter().map(|v| v.values).collect();
@@ -168,26 +212,33 @@ impl Shoal for ShoalService {
     }
 
     async fn cluster_status(&self, r: Request<v1::ClusterStatusRequest>) -> Result<Response<v1::ClusterStatusResponse>, Status> {
-        Ok(Response::new(self.cluster.status(caller(&r)).await))
+        let who = self.auth.authenticate(r.metadata(), "ClusterStatus")?;
+        let mut status = self.cluster.status(caller(&r)).await;
+        status.collections.retain(|c| who.sees(&c.name));
+        Ok(Response::new(status))
     }
 
     async fn create_snapshot(&self, r: Request<v1::CreateSnapshotRequest>) -> Result<Response<v1::CreateSnapshotResponse>, Status> {
+        self.allow(&r, Role::Admin, Some(&r.get_ref().collection), "CreateSnapshot")?;
         let req = r.into_inner();
         let span = tracing::info_span!("snapshot", collection = %req.collection);
         Ok(Response::new(self.cluster.create_snapshot(req).instrument(span).await?))
     }
 
     async fn list_snapshots(&self, r: Request<v1::ListSnapshotsRequest>) -> Result<Response<v1::ListSnapshotsResponse>, Status> {
+        self.allow(&r, Role::Read, scoped(&r.get_ref().collection), "ListSnapshots")?;
         Ok(Response::new(self.cluster.list_snapshots(r.into_inner()).await?))
     }
 
     async fn restore_snapshot(&self, r: Request<v1::RestoreSnapshotRequest>) -> Result<Response<v1::RestoreSnapshotResponse>, Status> {
+        self.allow(&r, Role::Admin, Some(&r.get_ref().collection), "RestoreSnapshot")?;
         let req = r.into_inner();
         let span = tracing::info_span!("restore", collection = %req.collection, snapshot = %req.snapshot_id);
         Ok(Response::new(self.cluster.restore_snapshot(req).instrument(span).await?))
     }
 
     async fn prune_snapshots(&self, r: Request<v1::PruneSnapshotsRequest>) -> Result<Response<v1::PruneSnapshotsResponse>, Status> {
+        self.allow(&r, Role::Admin, scoped(&r.get_ref().collection), "PruneSnapshots")?;
         Ok(Response::new(self.cluster.prune_snapshots(r.into_inner()).await?))
     }
 
@@ -195,38 +246,46 @@ impl Shoal for ShoalService {
         &self,
         r: Request<v1::GetSnapshotProgressRequest>,
     ) -> Result<Response<v1::SnapshotProgressResponse>, Status> {
+        self.allow(&r, Role::Read, Some(&r.get_ref().collection), "GetSnapshotProgress")?;
         Ok(Response::new(self.cluster.snapshot_progress(r.into_inner()).await?))
     }
 
     async fn move_shard(&self, r: Request<v1::MoveShardRequest>) -> Result<Response<v1::MoveShardResponse>, Status> {
+        self.allow(&r, Role::Admin, Some(&r.get_ref().collection), "MoveShard")?;
         let caller = caller(&r);
         Ok(Response::new(self.cluster.move_shard(r.into_inner(), caller).await?))
     }
 
     async fn drain_node(&self, r: Request<v1::DrainNodeRequest>) -> Result<Response<v1::DrainNodeResponse>, Status> {
+        self.allow(&r, Role::Admin, None, "DrainNode")?;
         let caller = caller(&r);
         Ok(Response::new(self.cluster.drain_node(r.into_inner(), caller).await?))
     }
 
     async fn rebalance(&self, r: Request<v1::RebalanceRequest>) -> Result<Response<v1::RebalanceResponse>, Status> {
+        self.allow(&r, Role::Admin, None, "Rebalance")?;
         let caller = caller(&r);
         Ok(Response::new(self.cluster.rebalance(r.into_inner(), caller).await?))
     }
 
     async fn recover_shard(&self, r: Request<v1::RecoverShardRequest>) -> Result<Response<v1::RecoverShardResponse>, Status> {
+        self.allow(&r, Role::Admin, Some(&r.get_ref().collection), "RecoverShard")?;
         Ok(Response::new(self.cluster.recover_shard(r.into_inner()).await?))
     }
 
     async fn verify_shard(&self, r: Request<v1::VerifyShardRequest>) -> Result<Response<v1::VerifyShardResponse>, Status> {
+        self.allow(&r, Role::Admin, Some(&r.get_ref().collection), "VerifyShard")?;
         Ok(Response::new(self.cluster.verify_shard(r.into_inner()).await?))
     }
 
     async fn resync_replica(&self, r: Request<v1::ResyncReplicaRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
+        self.allow(&r, Role::Admin, Some(&r.get_ref().collection), "ResyncReplica")?;
         let caller = caller(&r);
         Ok(Response::new(self.cluster.resync_replica(r.into_inner(), caller).await?))
     }
 
     async fn set_replication(&self, r: Request<v1::SetReplicationRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
+        self.allow(&r, Role::Admin, Some(&r.get_ref().collection), "SetReplication")?;
         let caller = caller(&r);
         Ok(Response::new(self.cluster.set_replication(r.into_inner(), caller).await?))
     }

@@ -1,12 +1,49 @@
 //! `shoalctl status` and `shoalctl collections`: operator views of a
 //! running cluster through the public API.
 
+use std::sync::OnceLock;
+
+use shoal_proto::auth::{BearerKey, KeyedClient};
 use shoal_proto::v1;
 use shoal_proto::v1::shoal_client::ShoalClient;
-use tonic::transport::Channel;
+use shoal_server::ClientTls;
+use tonic::transport::Endpoint;
 
-pub async fn connect(endpoint: &str) -> anyhow::Result<ShoalClient<Channel>> {
-    ShoalClient::connect(endpoint.to_owned()).await.map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {endpoint}: {e}"))
+/// How shoalctl reaches its coordinator besides the address: the API key
+/// sent with every call and the CA that signed the coordinator's
+/// certificate (`--api-key`, `--tls-ca`).
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    pub api_key: Option<String>,
+    pub tls: Option<ClientTls>,
+}
+
+/// One coordinator per shoalctl run, so its credentials are set once, at
+/// start, for every command's calls.
+static CREDENTIALS: OnceLock<Credentials> = OnceLock::new();
+
+/// Sets the credentials every later [`connect`] uses (the first call wins).
+pub fn set_credentials(c: Credentials) {
+    let _ = CREDENTIALS.set(c);
+}
+
+pub async fn connect(endpoint: &str) -> anyhow::Result<KeyedClient> {
+    let creds = CREDENTIALS.get().cloned().unwrap_or_default();
+    connect_with(endpoint, &creds).await
+}
+
+/// A client of the coordinator at `endpoint` with `creds`: TLS when a CA
+/// is given (the endpoint is then dialled as `https://`), the key on every
+/// call.
+pub async fn connect_with(endpoint: &str, creds: &Credentials) -> anyhow::Result<KeyedClient> {
+    let key = BearerKey::new(creds.api_key.as_deref()).map_err(|e| anyhow::anyhow!("--api-key: {e}"))?;
+    let url = if creds.tls.is_some() { shoal_server::tls::https(endpoint) } else { endpoint.to_owned() };
+    let mut ep = Endpoint::from_shared(url).map_err(|e| anyhow::anyhow!("bad coordinator address {endpoint:?}: {e}"))?;
+    if let Some(tls) = &creds.tls {
+        ep = ep.tls_config(tls.load()?)?;
+    }
+    let channel = ep.connect().await.map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {endpoint}: {e:?}"))?;
+    Ok(ShoalClient::with_interceptor(channel, key))
 }
 
 fn metric_name(m: i32) -> &'static str {

@@ -28,6 +28,10 @@ pub struct EmbeddedConfig {
     /// restores on any other.
     pub snapshot: SnapshotConfig,
     pub coordinator: CoordinatorConfig,
+    /// TLS of every shard node's listener (the coordinator's own is in
+    /// `coordinator.listener`, its channels to the nodes in
+    /// `coordinator.peers`).
+    pub node_tls: Option<shoal_server::ServerTls>,
     /// Logs, traces and metrics of the process (set up by the first
     /// cluster a process starts; every node serves the same `/metrics`).
     pub telemetry: TelemetryConfig,
@@ -47,13 +51,37 @@ impl EmbeddedConfig {
             first_shard_port: 0,
             engine: EngineConfig::default(),
             coordinator: CoordinatorConfig::default(),
+            node_tls: None,
             telemetry: TelemetryConfig { log: "warn".into(), ..TelemetryConfig::default() },
         }
     }
 
+    /// TLS everywhere with the certificates `shoalctl tls init --out dir`
+    /// made: nodes accept only the coordinator's certificate (mutual TLS),
+    /// the coordinator serves its own to clients.
+    pub fn use_tls(&mut self, dir: &std::path::Path) {
+        use shoal_server::{ClientTls, ServerTls};
+        self.node_tls = Some(ServerTls {
+            cert_file: dir.join("node.pem"),
+            key_file: dir.join("node-key.pem"),
+            client_ca_file: Some(dir.join("ca.pem")),
+        });
+        self.coordinator.listener.tls =
+            Some(ServerTls { cert_file: dir.join("coordinator.pem"), key_file: dir.join("coordinator-key.pem"), client_ca_file: None });
+        self.coordinator.peers.tls = Some(ClientTls {
+            ca_file: dir.join("ca.pem"),
+            cert_file: Some(dir.join("coordinator.pem")),
+            key_file: Some(dir.join("coordinator-key.pem")),
+            domain_name: None,
+        });
+    }
+
     fn node_config(&self, i: usize) -> ShardNodeConfig {
         let port = if self.first_shard_port == 0 { 0 } else { self.first_shard_port + i as u16 };
+        let mut listener = shoal_server::ListenerConfig::default();
+        listener.tls.clone_from(&self.node_tls);
         ShardNodeConfig {
+            listener,
             node_id: format!("shard-{i}"),
             listen: SocketAddr::from(([127, 0, 0, 1], port)),
             data_dir: self.data_dir.join(format!("shard-{i}")),

@@ -13,6 +13,7 @@ pub mod embedded;
 pub mod ingest;
 pub mod placement;
 pub mod procs;
+pub mod security;
 pub mod snapshots;
 pub mod top;
 pub mod vectors;

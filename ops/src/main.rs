@@ -13,6 +13,13 @@ struct Cli {
     /// Coordinator to talk to.
     #[arg(long, global = true, env = "SHOAL_ENDPOINT", default_value = "http://127.0.0.1:7700")]
     endpoint: String,
+    /// API key sent with every call (`authorization: Bearer <key>`), when
+    /// the coordinator requires keys (docs/security.md).
+    #[arg(long, global = true, env = "SHOAL_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// CA certificate (PEM) that signed the coordinator's: speak TLS to it.
+    #[arg(long, global = true, env = "SHOAL_TLS_CA")]
+    tls_ca: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -45,6 +52,15 @@ enum Command {
         /// Coordinators to run with `--etcd` (ports `port`, `port + 1`, ...).
         #[arg(long, default_value_t = 1)]
         coordinators: usize,
+        /// TLS everywhere, mutual between the coordinator and the nodes,
+        /// with the certificates `shoalctl tls init --out DIR` made (in
+        /// process only).
+        #[arg(long)]
+        tls_dir: Option<PathBuf>,
+        /// API keys the coordinator requires (a keys file as
+        /// `shoalctl keys new` prints entries for; in process only).
+        #[arg(long)]
+        keys_file: Option<PathBuf>,
     },
     /// Nodes, collections and shards of the cluster.
     Status,
@@ -87,11 +103,50 @@ enum Command {
         #[arg(long, default_value_t = 3600)]
         timeout: u64,
     },
+    /// Certificates for TLS between every process of a cluster.
+    #[command(subcommand)]
+    Tls(TlsCommand),
+    /// API keys for the coordinator's `[coordinator.auth]`.
+    #[command(subcommand)]
+    Keys(KeysCommand),
     /// Write the gRPC file descriptor set (for `grpcurl -protoset`).
     ProtoDescriptor {
         #[arg(long, short, default_value = "shoal.protoset")]
         output: PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum TlsCommand {
+    /// A new cluster CA and certificates signed by it: `node.pem` for
+    /// shard nodes, `coordinator.pem` for coordinators (server and client),
+    /// valid for localhost, 127.0.0.1 and every `--host`.
+    Init {
+        #[arg(long, default_value = "./shoal-tls")]
+        out: PathBuf,
+        /// A name or IP address the processes are reached at (repeat).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// A new random API key: prints the key (give it to its user; it is
+    /// not stored) and the entry to add to the coordinator's keys file.
+    New {
+        /// Who holds it (shown in logs and metrics instead of the key).
+        #[arg(long)]
+        name: String,
+        /// read, write (ingest, upsert, delete) or admin.
+        #[arg(long, default_value = "read")]
+        role: String,
+        /// Limit the key to this collection (repeat); default: all.
+        #[arg(long = "collection")]
+        collections: Vec<String>,
+    },
+    /// The hex SHA-256 of a key given on stdin, as the keys file stores it.
+    Hash,
 }
 
 #[derive(Subcommand)]
@@ -164,12 +219,42 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
             .init();
     }
+    ctl::set_credentials(ctl::Credentials { api_key: cli.api_key.clone(), tls: cli.tls_ca.clone().map(shoal_server::ClientTls::with_ca) });
     match cli.command {
         Command::Demo(args) => demo::run(args).await,
-        Command::Dev { data_dir, shard_nodes, port, etcd: Some(etcd), etcd_prefix, coordinators } => {
+        Command::Tls(TlsCommand::Init { out, hosts }) => {
+            let c = shoal_ops::security::make_cluster_certs(&out, &hosts)?;
+            println!("wrote {} (the CA; ca-key.pem beside it signs more: keep it off the servers)", c.ca.display());
+            println!("  shard nodes:  {} {}", c.node_cert.display(), c.node_key.display());
+            println!("  coordinators: {} {}", c.coordinator_cert.display(), c.coordinator_key.display());
+            println!("see docs/security.md for the config that uses them");
+            Ok(())
+        }
+        Command::Keys(KeysCommand::New { name, role, collections }) => {
+            anyhow::ensure!(matches!(role.as_str(), "read" | "write" | "admin"), "--role must be read, write or admin, not {role:?}");
+            let (key, hash) = shoal_ops::security::new_api_key();
+            eprintln!("API key for {name} (shown once; the coordinator keeps only its hash):");
+            println!("{key}");
+            eprintln!("\nadd to the coordinator's keys file:\n");
+            eprint!("{}", shoal_ops::security::key_entry_toml(&name, &hash, &role, &collections));
+            Ok(())
+        }
+        Command::Keys(KeysCommand::Hash) => {
+            let mut key = String::new();
+            std::io::stdin().read_line(&mut key)?;
+            println!("{}", shoal_ops::security::sha256_hex(key.trim()));
+            Ok(())
+        }
+        Command::Dev { data_dir, shard_nodes, port, etcd: Some(etcd), etcd_prefix, coordinators, tls_dir, keys_file } => {
+            anyhow::ensure!(
+                tls_dir.is_none() && keys_file.is_none(),
+                "--tls-dir and --keys-file work in process only, not with --etcd (give the processes a config file: docs/security.md)"
+            );
             dev_processes(data_dir, shard_nodes, port, etcd, etcd_prefix, coordinators).await
         }
-        Command::Dev { data_dir, shard_nodes, port, etcd: None, .. } => dev(data_dir, shard_nodes, port).await,
+        Command::Dev { data_dir, shard_nodes, port, etcd: None, tls_dir, keys_file, .. } => {
+            dev(data_dir, shard_nodes, port, tls_dir, keys_file).await
+        }
         Command::Status => ctl::status(&cli.endpoint).await,
         Command::Top { interval, once } => {
             anyhow::ensure!(interval > 0.0 && interval.is_finite(), "--interval must be a positive number of seconds");
@@ -189,16 +274,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-async fn dev(data_dir: PathBuf, shard_nodes: usize, port: u16) -> anyhow::Result<()> {
+async fn dev(data_dir: PathBuf, shard_nodes: usize, port: u16, tls_dir: Option<PathBuf>, keys_file: Option<PathBuf>) -> anyhow::Result<()> {
     let mut cfg = EmbeddedConfig::ephemeral(&data_dir, shard_nodes);
+    if let Some(dir) = &tls_dir {
+        cfg.use_tls(dir);
+    }
+    cfg.coordinator.auth.keys_file = keys_file;
     cfg.coordinator_listen = ([127, 0, 0, 1], port).into();
     // Port 0: every process on a free port (tests, several dev clusters).
     cfg.first_shard_port = if port == 0 { 0 } else { port + 1 };
     let cluster = EmbeddedCluster::start(cfg).await?;
     println!("shoal dev cluster up; data in {}", data_dir.display());
-    println!("  coordinator  {}", cluster.endpoint());
+    let scheme = if tls_dir.is_some() { "https" } else { "http" };
+    println!("  coordinator  {scheme}://{}", cluster.coordinator.addr);
     for (i, a) in cluster.node_addrs().iter().enumerate() {
-        println!("  shard-{i}      http://{a}");
+        println!("  shard-{i}      {scheme}://{a}");
     }
     println!();
     let at = cluster.endpoint().trim_start_matches("http://").to_owned();

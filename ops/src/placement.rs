@@ -199,11 +199,7 @@ pub async fn shard(endpoint: &str, cmd: ShardCommand) -> anyhow::Result<()> {
 
 /// Prints every replica's digest of one shard; whether the in-sync ones
 /// agree.
-async fn verify(
-    client: &mut shoal_proto::v1::shoal_client::ShoalClient<tonic::transport::Channel>,
-    collection: &str,
-    shard: u32,
-) -> anyhow::Result<bool> {
+async fn verify(client: &mut shoal_proto::auth::KeyedClient, collection: &str, shard: u32) -> anyhow::Result<bool> {
     let r = client.verify_shard(v1::VerifyShardRequest { collection: collection.to_owned(), shard }).await?.into_inner();
     for d in &r.replicas {
         if d.error.is_empty() {

@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use shoal_proto::v1;
-use shoal_proto::v1::shoal_client::ShoalClient;
-use tonic::transport::Channel;
 
 use crate::ctl;
 
@@ -131,7 +129,7 @@ pub async fn run(endpoint: &str, cmd: SnapshotCommand) -> anyhow::Result<()> {
 /// Runs `call` while a bar shows the collection's running operations
 /// (bytes done of the total, rate, time left), polled from the nodes.
 async fn with_progress<T>(
-    client: &mut ShoalClient<Channel>,
+    client: &mut shoal_proto::auth::KeyedClient,
     collection: &str,
     what: &str,
     call: impl Future<Output = Result<T, tonic::Status>>,

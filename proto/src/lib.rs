@@ -8,6 +8,7 @@ pub mod v1 {
     tonic::include_proto!("shoal.v1");
 }
 
+pub mod auth;
 pub mod deadline;
 mod error;
 mod ids;
@@ -25,4 +26,18 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "
 /// sentence embeddings.
 pub fn default_ef(k: u32) -> u32 {
     k.saturating_mul(2).max(64)
+}
+
+/// The shard of point `id` among `shards`: a fixed 64-bit mix of the id
+/// (SplitMix64's finaliser, which spreads sequential ids evenly) reduced
+/// with Lemire's multiply-shift. Part of the on-disk contract: changing it
+/// moves every point. Here, in the contract, because shard nodes check
+/// that the points they are sent are theirs.
+pub fn shard_for(id: u64, shards: u32) -> u32 {
+    debug_assert!(shards > 0);
+    let mut x = id.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    (((x >> 32) * u64::from(shards)) >> 32) as u32
 }

@@ -14,6 +14,7 @@ use crate::accept::accept;
 use crate::listener::ListenerConfig;
 use crate::propagation::request_span;
 use crate::rpc_metrics::RpcMetricsLayer;
+use crate::shed::ShedLayer;
 use crate::telemetry;
 
 /// Serves `routes` (the process's own services, whose names `served` lists
@@ -41,9 +42,13 @@ pub async fn serve(
     if metrics {
         router = router.route("/metrics", axum::routing::get(prometheus_text));
     }
-    cfg.server()
+    let addr = listener.local_addr()?;
+    cfg.server(addr)?
         .accept_http1(true)
         .trace_fn(request_span)
+        // Outermost: a shed request costs no span, no metric by RPC and no
+        // decoding.
+        .layer(ShedLayer::new(cfg.max_concurrent_requests))
         .layer(RpcMetricsLayer::new())
         .layer(tower::util::MapResponseLayer::new(shoal_proto::oversized_is_resource_exhausted))
         .add_routes(Routes::from(router))

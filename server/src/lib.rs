@@ -14,11 +14,15 @@ mod process_metrics;
 pub mod propagation;
 mod rpc_metrics;
 pub mod sampling;
+mod shed;
 mod signal;
 pub mod telemetry;
+pub mod tls;
 
 pub use accept::{ConnectionLimits, accept};
 pub use listener::ListenerConfig;
 pub use rpc_metrics::{RpcMetrics, RpcMetricsLayer};
+pub use shed::ShedLayer;
 pub use signal::shutdown_signal;
 pub use telemetry::TelemetryConfig;
+pub use tls::{ClientTls, ServerTls};

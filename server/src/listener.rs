@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::accept::ConnectionLimits;
+use crate::tls::ServerTls;
 
 /// Connection handling of one gRPC listener.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -28,6 +29,20 @@ pub struct ListenerConfig {
     /// the coordinator's connection for it was marked down and failed
     /// every search in flight (seen in the chaos run).
     pub max_pending_reset_streams: usize,
+    /// Requests served at once by the process; past it, a request is
+    /// answered RESOURCE_EXHAUSTED with a `retry-after-ms` hint at once
+    /// (health checks and `/metrics` excepted). 0: no limit.
+    pub max_concurrent_requests: usize,
+    /// HTTP/2 streams (calls) one connection may have open at once; a
+    /// client past it waits for one of its calls to end.
+    pub max_concurrent_streams: u32,
+    /// TLS (and, with `client_ca_file`, mutual TLS). Without it the
+    /// listener speaks plain text, which it does only on loopback unless
+    /// `insecure` is set.
+    pub tls: Option<ServerTls>,
+    /// Serve plain text on a non-loopback address: only on a network no
+    /// one else can reach.
+    pub insecure: bool,
 }
 
 impl Default for ListenerConfig {
@@ -39,6 +54,10 @@ impl Default for ListenerConfig {
             keepalive_interval_ms: 10_000,
             keepalive_timeout_ms: 5_000,
             max_pending_reset_streams: 1_024,
+            max_concurrent_requests: 4_096,
+            max_concurrent_streams: 1_024,
+            tls: None,
+            insecure: false,
         }
     }
 }
@@ -52,13 +71,27 @@ impl ListenerConfig {
         }
     }
 
-    /// A tonic server builder with these settings; the caller adds layers
-    /// and services.
-    pub fn server(&self) -> tonic::transport::Server {
-        tonic::transport::Server::builder()
+    /// What [`ListenerConfig::server`] would refuse, checked before a
+    /// process says it started: plain text off loopback, TLS files that
+    /// are missing or do not parse.
+    pub fn check(&self, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+        self.server(addr).map(drop)
+    }
+
+    /// A tonic server builder with these settings for a listener bound to
+    /// `addr` (TLS loaded from its files; plain text refused off loopback
+    /// unless `insecure`); the caller adds layers and services.
+    pub fn server(&self, addr: std::net::SocketAddr) -> anyhow::Result<tonic::transport::Server> {
+        crate::tls::check_plain_text(addr, self.tls.is_some(), self.insecure)?;
+        let mut server = tonic::transport::Server::builder();
+        if let Some(tls) = &self.tls {
+            server = server.tls_config(tls.load()?)?;
+        }
+        Ok(server
             .http2_keepalive_interval(Some(Duration::from_millis(self.keepalive_interval_ms.max(1))))
             .http2_keepalive_timeout(Some(Duration::from_millis(self.keepalive_timeout_ms.max(1))))
             .tcp_keepalive(Some(Duration::from_secs(30)))
             .http2_max_pending_accept_reset_streams(Some(self.max_pending_reset_streams.max(1)))
+            .max_concurrent_streams(Some(self.max_concurrent_streams.max(1))))
     }
 }

@@ -159,6 +159,14 @@ pin_project_lite::pin_project! {
     }
 }
 
+/// An empty body that records nothing: what a layer outside this one
+/// (load shedding) answers with without calling it.
+impl<B: Default> Default for MeteredBody<B> {
+    fn default() -> Self {
+        MeteredBody { inner: B::default(), pending: None }
+    }
+}
+
 impl<B: Body> Body for MeteredBody<B> {
     type Data = B::Data;
     type Error = B::Error;

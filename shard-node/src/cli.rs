@@ -29,6 +29,12 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advertise: Option<String>,
+    /// Serve plain text on a non-loopback address (listener.insecure):
+    /// only on a network no one else reaches. Without it, such a listener
+    /// needs TLS (docs/security.md).
+    #[arg(long)]
+    #[serde(skip)]
+    pub insecure: bool,
     /// With etcd, shard nodes register there and coordinators read
     /// membership and placement from it.
     #[command(flatten)]
@@ -41,6 +47,7 @@ impl Cli {
     pub fn config(&self) -> anyhow::Result<ShardNodeConfig> {
         let mut cfg: ShardNodeConfig = shoal_server::config::load(self.config.as_deref(), "shard_node", "SHOAL_SHARD_", self)?;
         self.etcd.apply(&mut cfg.cluster);
+        cfg.listener.insecure |= self.insecure;
         Ok(cfg)
     }
 }

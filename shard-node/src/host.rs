@@ -331,6 +331,7 @@ impl ShardHost {
         let v1::ApplyBatchRequest { shard, source, points, deletes, epoch, return_entry } = req;
         let key = key_of(shard)?;
         let target = self.get(&key)?;
+        crate::admit::batch(&key, target.shard_count, &points, &deletes)?;
         let mut ops = Vec::with_capacity(points.len() + deletes.len());
         for v1::Point { id, vector, payload } in points {
             ops.push(Op::Upsert(Point { id, vector, payload: payload_to_engine(payload) }));

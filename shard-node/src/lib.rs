@@ -2,6 +2,7 @@
 //! `shoal-engine`), runs one group-committing writer per shard, and serves
 //! the internal `shoal.v1.ShardNode` gRPC API to coordinators.
 
+mod admit;
 pub mod cli;
 pub mod config;
 mod convert;

@@ -33,6 +33,7 @@ impl RunningShardNode {
 
     pub async fn start_on(cfg: &ShardNodeConfig, listener: TcpListener) -> anyhow::Result<RunningShardNode> {
         let addr = listener.local_addr()?;
+        cfg.listener.check(addr)?;
         let host = ShardHost::open(cfg).await?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(serve(Arc::clone(&host), listener, cfg.clone(), async {

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, List
+from typing import Dict, Iterator, List
 
 import pytest
 
@@ -34,15 +34,10 @@ def shoalctl() -> str:
     pytest.fail(f"no shoalctl binary under {target} (cargo build --bin shoalctl, or set SHOALCTL)")
 
 
-@pytest.fixture(scope="session")
-def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    data = tmp_path_factory.mktemp("shoal-dev")
-    proc = subprocess.Popen(
-        [shoalctl(), "dev", "--port", "0", "--shard-nodes", "3", "--data-dir", str(data)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def _run_dev(args: List[str]) -> Iterator[str]:
+    """`shoalctl dev ARGS` until the generator is closed; yields the
+    coordinator's URL once it is printed."""
+    proc = subprocess.Popen([shoalctl(), "dev", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: List[str] = []
     url = None
     deadline = time.monotonic() + 60
@@ -52,7 +47,7 @@ def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if not line:
             break
         seen.append(line)
-        m = re.match(r"\s*coordinator\s+(http://\S+)", line)
+        m = re.match(r"\s*coordinator\s+(https?://\S+)", line)
         if m:
             url = m.group(1)
             break
@@ -70,6 +65,40 @@ def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.wait()
         sys.stderr.write("".join(seen[-50:]))
         pytest.fail("shoalctl dev did not stop within 30 s of Ctrl-C")
+
+
+@pytest.fixture(scope="session")
+def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data = tmp_path_factory.mktemp("shoal-dev")
+    yield from _run_dev(["--port", "0", "--shard-nodes", "3", "--data-dir", str(data)])
+
+
+class SecureCluster:
+    """A dev cluster with TLS everywhere and API keys, made with shoalctl's
+    own `tls init` and `keys new`."""
+
+    def __init__(self, url: str, ca: str, keys: Dict[str, str]):
+        self.url = url
+        self.ca = ca
+        self.keys = keys
+
+
+@pytest.fixture(scope="session")
+def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureCluster]:
+    root = tmp_path_factory.mktemp("shoal-secure")
+    tls = root / "tls"
+    subprocess.run([shoalctl(), "tls", "init", "--out", str(tls)], check=True, capture_output=True)
+    keys: Dict[str, str] = {}
+    entries = []
+    for name, role in (("ops", "admin"), ("ui", "read")):
+        made = subprocess.run([shoalctl(), "keys", "new", "--name", name, "--role", role], check=True, capture_output=True, text=True)
+        keys[name] = made.stdout.strip()
+        entries.append(made.stderr[made.stderr.index("[[keys]]") :])
+    keys_file = root / "keys.toml"
+    keys_file.write_text("\n".join(entries))
+    args = ["--port", "0", "--shard-nodes", "2", "--data-dir", str(root / "data"), "--tls-dir", str(tls), "--keys-file", str(keys_file)]
+    for url in _run_dev(args):
+        yield SecureCluster(url, str(tls / "ca.pem"), keys)
 
 
 @pytest.fixture

@@ -225,3 +225,25 @@ def test_the_readme_example_runs(cluster_url: str):
     for code in blocks:
         ran = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert ran.returncode == 0, f"README example failed:\n{code}\n{ran.stdout}\n{ran.stderr}"
+
+
+def test_auth_keys_and_tls_reach_a_secured_cluster(secure_cluster, name: str):
+    from shoal_client import PermissionDenied, Unauthenticated
+
+    sc = secure_cluster
+    with Client(sc.url, api_key=sc.keys["ops"], tls_ca=sc.ca) as ops:
+        ops.create_collection(name, dimension=3, metric="euclidean", shards=2)
+        ops.upsert(name, [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], ids=[1, 2])
+        assert ops.search(name, [0.0, 1.0, 0.0], k=1).hits[0].id == 2
+    with Client(sc.url, api_key=sc.keys["ui"], tls_ca=sc.ca) as ui:
+        assert ui.search(name, [1.0, 0.0, 0.0], k=1).hits[0].id == 1
+        with pytest.raises(PermissionDenied):
+            ui.upsert(name, [[0.0, 0.0, 1.0]], ids=[3])
+        with pytest.raises(PermissionDenied):
+            ui.drop_collection(name)
+    with Client(sc.url, tls_ca=sc.ca, api_key="") as nobody:
+        with pytest.raises(Unauthenticated):
+            nobody.search(name, [1.0, 0.0, 0.0], k=1)
+    with Client(sc.url, api_key=sc.keys["ops"], tls_ca=sc.ca) as ops:
+        # Nothing the refused calls asked for happened.
+        assert ops.describe_collection(name).points == 2

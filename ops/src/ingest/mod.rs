@@ -179,11 +179,7 @@ pub async fn run(endpoint: &str, a: Args) -> Result<Summary> {
 }
 
 /// The collection, created from the files' dimension with `--create`.
-async fn collection(
-    client: &mut shoal_proto::v1::shoal_client::ShoalClient<tonic::transport::Channel>,
-    a: &Args,
-    inputs: &[Input],
-) -> Result<v1::CollectionInfo> {
+async fn collection(client: &mut shoal_proto::auth::KeyedClient, a: &Args, inputs: &[Input]) -> Result<v1::CollectionInfo> {
     match client.describe_collection(v1::DescribeCollectionRequest { name: a.collection.clone() }).await {
         Ok(c) => Ok(c.into_inner()),
         Err(e) if e.code() == tonic::Code::NotFound && a.create => {

@@ -12,12 +12,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use shoal_proto::v1;
-use shoal_proto::v1::shoal_client::ShoalClient;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
-use tonic::transport::Channel;
 
 use super::plan::Batch;
 
@@ -39,7 +37,7 @@ pub struct Counters {
 }
 
 pub struct Stream {
-    pub client: ShoalClient<Channel>,
+    pub client: shoal_proto::auth::KeyedClient,
     pub collection: String,
     pub source: String,
     pub window: usize,
@@ -210,7 +208,7 @@ fn code_name(code: Code) -> String {
 }
 
 /// Asks where each of `sources` stands in `collection`.
-pub async fn offsets(client: &mut ShoalClient<Channel>, collection: &str) -> Result<Vec<v1::SourceOffset>> {
+pub async fn offsets(client: &mut shoal_proto::auth::KeyedClient, collection: &str) -> Result<Vec<v1::SourceOffset>> {
     let req = v1::GetOffsetsRequest { collection: collection.to_owned(), sources: vec![] };
     Ok(client.get_offsets(req).await.with_context(|| format!("asking where the sources of {collection} stand"))?.into_inner().offsets)
 }

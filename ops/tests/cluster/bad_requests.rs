@@ -172,3 +172,44 @@ async fn duplicate_ids_count_once_and_the_last_offset_is_refused() {
     assert_eq!(acks[0].status, v1::BatchStatus::Applied as i32);
     tc.cluster.shutdown().await.unwrap();
 }
+
+/// A shard node checks what it applies whoever sends it: a point routed to
+/// another shard and a payload tagged JSON that is not are refused, and
+/// nothing of the batch is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_node_refuses_points_of_other_shards_and_payloads_that_are_not_json() {
+    let mut tc = cluster(2).await;
+    create(&mut tc.client, "docs", 2, v1::Metric::Euclidean, 2).await;
+    let addr = tc.cluster.node_addrs()[0];
+    let mut node = v1::shard_node_client::ShardNodeClient::connect(format!("http://{addr}")).await.unwrap();
+    let shards = tc.client.describe_collection(v1::DescribeCollectionRequest { name: "docs".into() }).await.unwrap().into_inner().shards;
+    let mine = shards.iter().find(|s| s.node == "shard-0").unwrap().shard;
+    let id_on = |shard: u32| (0u64..).find(|&id| shoal_proto::shard_for(id, 2) == shard).unwrap();
+    let (own, foreign) = (id_on(mine), id_on(1 - mine));
+    let apply = |points: Vec<v1::Point>, deletes: Vec<u64>| v1::ApplyBatchRequest {
+        shard: Some(v1::ShardId { collection: "docs".into(), shard: mine }),
+        source: None,
+        points,
+        deletes,
+        epoch: 0,
+        return_entry: false,
+    };
+    let json = |id: u64, text: &str| v1::Point {
+        id,
+        vector: vec![1.0, 0.0],
+        payload: Some(v1::Payload { kind: Some(v1::payload::Kind::Json(text.into())) }),
+    };
+    let e = node.apply_batch(apply(vec![json(own, "{}"), json(foreign, "{}")], vec![])).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains(&format!("point {foreign} belongs to shard {}", 1 - mine)), "{}", e.message());
+    let e = node.apply_batch(apply(vec![], vec![foreign])).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let e = node.apply_batch(apply(vec![json(own, "{\"deep\": [[[")], vec![])).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("not valid JSON"), "{}", e.message());
+    assert_eq!(points_in(&mut tc.client, "docs").await, 0, "a refused batch applied something");
+    // The same node takes a good batch.
+    let ok = node.apply_batch(apply(vec![json(own, "{\"a\": 1}")], vec![])).await.unwrap().into_inner();
+    assert_eq!(ok.upserted, 1);
+    tc.cluster.shutdown().await.unwrap();
+}

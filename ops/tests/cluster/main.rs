@@ -14,4 +14,5 @@ mod moves;
 mod replicas;
 mod runbooks;
 mod search;
+mod security;
 mod snapshots;

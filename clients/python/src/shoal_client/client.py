@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 from urllib.parse import urlparse
 
 import grpc
@@ -31,16 +32,18 @@ from .upload import Plan, upload
 VectorsLike = Union[np.ndarray, Iterable[Sequence[float]]]
 
 
-def _target(url: str) -> str:
-    """`host:port` for grpc from `http://host:port`, `host:port`."""
+def _target(url: str) -> Tuple[str, bool]:
+    """`host:port` for grpc from `http(s)://host:port` or `host:port`, and
+    whether the URL asks for TLS."""
     if "://" not in url:
-        return url
+        return url, False
     parsed = urlparse(url)
-    if parsed.scheme not in ("http", "grpc"):
-        raise InvalidArgument(f"unsupported URL scheme {parsed.scheme!r} in {url!r} (TLS is not supported yet: use http://)")
+    if parsed.scheme not in ("http", "grpc", "https"):
+        raise InvalidArgument(f"unsupported URL scheme {parsed.scheme!r} in {url!r} (http:// or https://)")
     if not parsed.hostname:
         raise InvalidArgument(f"no host in {url!r}")
-    return f"{parsed.hostname}:{parsed.port or 7700}"
+    host = f"[{parsed.hostname}]" if ":" in parsed.hostname else parsed.hostname
+    return f"{host}:{parsed.port or 7700}", parsed.scheme == "https"
 
 
 def _matrix(vectors: VectorsLike, what: str = "vectors") -> np.ndarray:
@@ -83,16 +86,48 @@ class Client:
     >>> client.search("docs", [0.1, 0.2, 0.3], k=5).hits     # doctest: +SKIP
     """
 
-    def __init__(self, url: str = "http://127.0.0.1:7700", *, timeout: Optional[float] = 60.0, max_message_bytes: int = 256 << 20):
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:7700",
+        *,
+        timeout: Optional[float] = 60.0,
+        max_message_bytes: int = 256 << 20,
+        api_key: Optional[str] = None,
+        tls_ca: Optional[str] = None,
+    ):
         """`timeout`: seconds any one call may take (None: no limit);
-        uploads are limited per batch by the server instead."""
+        uploads are limited per batch by the server instead.
+
+        `api_key` (default: the `SHOAL_API_KEY` environment variable) is
+        sent with every call as `authorization: Bearer <key>`. `tls_ca`
+        (default: `SHOAL_TLS_CA`) is the PEM file of the CA that signed the
+        coordinator's certificate: with it, or with an `https://` URL, the
+        channel is TLS (the system's roots when no CA file is given)."""
         self.url = url
         self.timeout = timeout
         options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
         ]
-        self._channel = grpc.insecure_channel(_target(url), options=options)
+        api_key = api_key if api_key is not None else os.environ.get("SHOAL_API_KEY")
+        tls_ca = tls_ca if tls_ca is not None else os.environ.get("SHOAL_TLS_CA")
+        self._metadata: Tuple[Tuple[str, str], ...] = ()
+        if api_key:
+            if any(c in api_key for c in "\r\n") or not api_key.isascii():
+                raise InvalidArgument("api_key: must be printable ASCII without line breaks")
+            self._metadata = (("authorization", f"Bearer {api_key.strip()}"),)
+        target, https = _target(url)
+        if https or tls_ca:
+            root = None
+            if tls_ca:
+                try:
+                    with open(tls_ca, "rb") as f:
+                        root = f.read()
+                except OSError as e:
+                    raise InvalidArgument(f"tls_ca: cannot read {tls_ca}: {e}") from None
+            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root), options=options)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
         self._stub = shoal_pb2_grpc.ShoalStub(self._channel)
         # Uploads send requests serialized by _wire (bytes as they are).
         self._ingest_raw = self._channel.stream_stream(
@@ -112,7 +147,9 @@ class Client:
 
     def _call(self, method: str, request: Any, timeout: Optional[float] = None) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=timeout if timeout is not None else self.timeout)
+            return getattr(self._stub, method)(
+                request, timeout=timeout if timeout is not None else self.timeout, metadata=self._metadata
+            )
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
 
@@ -210,7 +247,7 @@ class Client:
             window=window,
             retry_for=retry_for,
             progress=bar,
-            metadata=(),
+            metadata=self._metadata,
         )
 
     def offsets(self, collection: str, sources: Optional[Sequence[str]] = None) -> Dict[str, int]:
