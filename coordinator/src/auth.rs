@@ -279,7 +279,7 @@ fn refusals() -> &'static Counter<u64> {
     static C: OnceLock<Counter<u64>> = OnceLock::new();
     C.get_or_init(|| {
         opentelemetry::global::meter("shoal")
-            .u64_counter("auth.refused")
+            .u64_counter("shoal.auth.refused")
             .with_description("Calls refused for a missing, unknown or insufficient API key, by reason and RPC")
             .build()
     })

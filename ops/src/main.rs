@@ -144,6 +144,18 @@ enum KeysCommand {
         /// Limit the key to this collection (repeat); default: all.
         #[arg(long = "collection")]
         collections: Vec<String>,
+        /// Add the entry to this keys file (made if absent) instead of
+        /// printing it.
+        #[arg(long)]
+        keys_file: Option<PathBuf>,
+    },
+    /// Remove a key's entry from a keys file: a coordinator reading that
+    /// file refuses the key within a second.
+    Revoke {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        keys_file: PathBuf,
     },
     /// The hex SHA-256 of a key given on stdin, as the keys file stores it.
     Hash,
@@ -230,13 +242,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("see docs/security.md for the config that uses them");
             Ok(())
         }
-        Command::Keys(KeysCommand::New { name, role, collections }) => {
+        Command::Keys(KeysCommand::New { name, role, collections, keys_file }) => {
             anyhow::ensure!(matches!(role.as_str(), "read" | "write" | "admin"), "--role must be read, write or admin, not {role:?}");
             let (key, hash) = shoal_ops::security::new_api_key();
+            let entry = shoal_ops::security::key_entry_toml(&name, &hash, &role, &collections);
             eprintln!("API key for {name} (shown once; the coordinator keeps only its hash):");
             println!("{key}");
-            eprintln!("\nadd to the coordinator's keys file:\n");
-            eprint!("{}", shoal_ops::security::key_entry_toml(&name, &hash, &role, &collections));
+            match keys_file {
+                Some(file) => {
+                    shoal_ops::security::add_key_entry(&file, &name, &entry)?;
+                    eprintln!("added to {}", file.display());
+                }
+                None => eprint!("\nadd to the coordinator's keys file:\n\n{entry}"),
+            }
+            Ok(())
+        }
+        Command::Keys(KeysCommand::Revoke { name, keys_file }) => {
+            shoal_ops::security::remove_key_entry(&keys_file, &name)?;
+            println!("removed {name} from {}", keys_file.display());
             Ok(())
         }
         Command::Keys(KeysCommand::Hash) => {

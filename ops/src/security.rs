@@ -86,6 +86,51 @@ pub fn key_entry_toml(name: &str, hash: &str, role: &str, collections: &[String]
     s
 }
 
+/// Appends `entry` (a `[[keys]]` table named `name`) to the keys file,
+/// refusing a name already there.
+pub fn add_key_entry(file: &Path, name: &str, entry: &str) -> anyhow::Result<()> {
+    let text = if file.exists() { std::fs::read_to_string(file)? } else { String::new() };
+    anyhow::ensure!(!key_names(&text, file)?.iter().any(|n| n == name), "{} already has a key named {name:?}", file.display());
+    let sep = if text.is_empty() || text.ends_with("\n\n") {
+        ""
+    } else if text.ends_with('\n') {
+        "\n"
+    } else {
+        "\n\n"
+    };
+    replace_file(file, &format!("{text}{sep}{entry}"))
+}
+
+/// Removes the entry named `name` from the keys file.
+pub fn remove_key_entry(file: &Path, name: &str) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let mut doc: toml::Table = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let keys =
+        doc.get_mut("keys").and_then(toml::Value::as_array_mut).ok_or_else(|| anyhow::anyhow!("{} has no [[keys]]", file.display()))?;
+    let before = keys.len();
+    keys.retain(|k| k.get("name").and_then(toml::Value::as_str) != Some(name));
+    anyhow::ensure!(keys.len() < before, "{} has no key named {name:?}", file.display());
+    replace_file(file, &toml::to_string(&doc)?)
+}
+
+fn key_names(text: &str, file: &Path) -> anyhow::Result<Vec<String>> {
+    let doc: toml::Table = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    Ok(doc
+        .get("keys")
+        .and_then(toml::Value::as_array)
+        .map(|ks| ks.iter().filter_map(|k| k.get("name").and_then(toml::Value::as_str).map(str::to_owned)).collect())
+        .unwrap_or_default())
+}
+
+/// Writes a new file beside `file` and renames it over: a coordinator
+/// re-reading the file never sees half of it.
+fn replace_file(file: &Path, text: &str) -> anyhow::Result<()> {
+    let tmp = file.with_extension("toml.tmp");
+    write(&tmp, text.as_bytes(), true)?;
+    std::fs::rename(&tmp, file).map_err(|e| anyhow::anyhow!("cannot replace {}: {e}", file.display()))?;
+    Ok(())
+}
+
 fn write(path: &Path, bytes: &[u8], secret: bool) -> anyhow::Result<()> {
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create(true).truncate(true);
@@ -112,6 +157,21 @@ mod tests {
         let entry = key_entry_toml("job", &ha, "write", &["docs".into()]);
         let parsed: toml::Value = toml::from_str(&entry).unwrap();
         assert_eq!(parsed["keys"][0]["collections"][0].as_str(), Some("docs"));
+    }
+
+    #[test]
+    fn auth_keys_files_gain_and_lose_entries_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("keys.toml");
+        for (name, role) in [("ops", "admin"), ("ui", "read")] {
+            let (_, hash) = new_api_key();
+            add_key_entry(&file, name, &key_entry_toml(name, &hash, role, &[])).unwrap();
+        }
+        assert!(add_key_entry(&file, "ui", "").is_err(), "a second key of one name");
+        remove_key_entry(&file, "ops").unwrap();
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(key_names(&text, &file).unwrap(), vec!["ui".to_owned()]);
+        assert!(remove_key_entry(&file, "ops").is_err());
     }
 
     #[test]

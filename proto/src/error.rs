@@ -151,6 +151,25 @@ pub fn oversized_is_resource_exhausted<B>(mut resp: tonic::codegen::http::Respon
     resp
 }
 
+/// Makes a request whose bytes are not the message they should be
+/// (truncated, a field of the wrong wire type, a string that is not UTF-8)
+/// fail with INVALID_ARGUMENT: tonic answers INTERNAL, which tells the
+/// caller the server is broken rather than its request. Like
+/// [`oversized_is_resource_exhausted`], it sees statuses sent in headers:
+/// unary calls' and the first message of a stream's.
+pub fn undecodable_is_invalid_argument<B>(mut resp: tonic::codegen::http::Response<B>) -> tonic::codegen::http::Response<B> {
+    let headers = resp.headers_mut();
+    let internal = headers.get("grpc-status").is_some_and(|v| v.as_bytes() == b"13");
+    let undecodable = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .is_some_and(|m| m.replace("%20", " ").starts_with("failed to decode Protobuf message"));
+    if internal && undecodable {
+        headers.insert("grpc-status", tonic::codegen::http::HeaderValue::from_static("3"));
+    }
+    resp
+}
+
 impl From<ShoalError> for Status {
     fn from(e: ShoalError) -> Status {
         let mut status = Status::new(e.code.grpc(), e.message);

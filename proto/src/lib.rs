@@ -12,8 +12,9 @@ pub mod auth;
 pub mod deadline;
 mod error;
 mod ids;
+pub mod json;
 
-pub use error::{ErrorCode, RETRY_AFTER_MS, ShoalError, oversized_is_resource_exhausted};
+pub use error::{ErrorCode, RETRY_AFTER_MS, ShoalError, oversized_is_resource_exhausted, undecodable_is_invalid_argument};
 pub use ids::{CollectionName, IdError, NodeId};
 
 /// The encoded `FileDescriptorSet` of every shoal proto file: served by gRPC

@@ -51,6 +51,7 @@ pub async fn serve(
         .layer(ShedLayer::new(cfg.max_concurrent_requests))
         .layer(RpcMetricsLayer::new())
         .layer(tower::util::MapResponseLayer::new(shoal_proto::oversized_is_resource_exhausted))
+        .layer(tower::util::MapResponseLayer::new(shoal_proto::undecodable_is_invalid_argument))
         .add_routes(Routes::from(router))
         .serve_with_incoming_shutdown(accept(listener, cfg.limits()), shutdown)
         .await?;

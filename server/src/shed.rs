@@ -34,7 +34,7 @@ impl ShedLayer {
     pub fn new(limit: usize) -> Self {
         let limit = if limit == 0 { Semaphore::MAX_PERMITS } else { limit };
         let shed = opentelemetry::global::meter("shoal")
-            .u64_counter("rpc.server.shed")
+            .u64_counter("shoal.rpc.shed")
             .with_description("Requests answered RESOURCE_EXHAUSTED because the process served max_concurrent_requests already")
             .build();
         ShedLayer { permits: Arc::new(Semaphore::new(limit)), limit, shed }

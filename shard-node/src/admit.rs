@@ -24,13 +24,21 @@ pub(crate) fn batch(key: &ShardKey, shard_count: u32, points: &[v1::Point], dele
         if shard_for(p.id, shard_count.max(1)) != shard {
             return Err(foreign(p.id));
         }
-        if let Some(v1::payload::Kind::Json(text)) = p.payload.as_ref().and_then(|p| p.kind.as_ref())
-            && let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text)
-        {
-            return Err(ShoalError::invalid(format!(
-                "point {i} (id {}): payload is not valid JSON ({e}): nothing was applied to {collection}/{shard}",
-                p.id
-            )));
+        if let Some(v1::payload::Kind::Json(text)) = p.payload.as_ref().and_then(|p| p.kind.as_ref()) {
+            if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text) {
+                return Err(ShoalError::invalid(format!(
+                    "point {i} (id {}): payload is not valid JSON ({e}): nothing was applied to {collection}/{shard}",
+                    p.id
+                )));
+            }
+            let depth = shoal_proto::json::json_depth(text);
+            if depth > shoal_proto::json::MAX_JSON_DEPTH {
+                return Err(ShoalError::invalid(format!(
+                    "point {i} (id {}): payload nests {depth} levels deep, more than {}: nothing was applied to {collection}/{shard}",
+                    p.id,
+                    shoal_proto::json::MAX_JSON_DEPTH
+                )));
+            }
         }
     }
     if let Some(&id) = deletes.iter().find(|&&id| shard_for(id, shard_count.max(1)) != shard) {
@@ -66,6 +74,9 @@ mod tests {
         assert!(e.contains(&other.to_string()), "{e}");
         let e = batch(&key, 3, &[point(mine[0], "{oops")], &[]).unwrap_err().to_string();
         assert!(e.contains("not valid JSON"), "{e}");
+        let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
+        let e = batch(&key, 3, &[point(mine[0], &deep)], &[]).unwrap_err().to_string();
+        assert!(e.contains("nests 65 levels"), "{e}");
         // A single-shard collection owns every id.
         let key0 = (CollectionName::parse("docs").unwrap(), 0);
         assert!(batch(&key0, 1, &[point(other, "[]")], &[12345]).is_ok());

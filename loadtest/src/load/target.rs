@@ -47,6 +47,15 @@ pub(crate) struct TargetArgs {
     /// gRPC connections to each coordinator.
     #[arg(long, default_value_t = 1)]
     pub(crate) connections: usize,
+    /// TLS: with `--embedded`, every process of the cluster serves TLS
+    /// (mutual between coordinator and nodes) with certificates made for
+    /// the run; with `--coordinator`, give `--tls-ca`.
+    #[arg(long)]
+    pub(crate) tls: bool,
+    /// CA certificate (PEM) of the coordinators given with `--coordinator`:
+    /// speak TLS to them.
+    #[arg(long, value_name = "PEM")]
+    pub(crate) tls_ca: Option<PathBuf>,
     /// The collection.
     #[arg(long, default_value = "loadtest")]
     pub(crate) collection: String,
@@ -79,14 +88,23 @@ pub(crate) struct Clients {
 }
 
 impl Clients {
-    /// One connection per URL and `connections`.
-    pub(crate) async fn connect(urls: &[String], connections: usize) -> Result<Clients> {
+    /// One connection per URL and `connections`, over TLS when `tls_ca` is
+    /// given.
+    pub(crate) async fn connect(urls: &[String], connections: usize, tls_ca: Option<&std::path::Path>) -> Result<Clients> {
+        let tls = tls_ca.map(|ca| shoal_server::ClientTls::with_ca(ca).load()).transpose()?;
         let mut list = Vec::new();
         for url in urls {
-            let url = if url.contains("://") { url.clone() } else { format!("http://{url}") };
+            let url = match (&tls, url.contains("://")) {
+                (Some(_), _) => shoal_server::tls::https(url),
+                (None, true) => url.clone(),
+                (None, false) => format!("http://{url}"),
+            };
             for _ in 0..connections.max(1) {
-                let channel = Endpoint::from_shared(url.clone())
-                    .with_context(|| format!("coordinator URL {url:?}"))?
+                let mut endpoint = Endpoint::from_shared(url.clone()).with_context(|| format!("coordinator URL {url:?}"))?;
+                if let Some(t) = &tls {
+                    endpoint = endpoint.tls_config(t.clone())?;
+                }
+                let channel = endpoint
                     .connect_timeout(Duration::from_secs(5))
                     .tcp_nodelay(true)
                     .http2_keep_alive_interval(Duration::from_secs(5))
@@ -141,13 +159,21 @@ impl Target {
                 }
             }
         };
+        ensure!(!a.tls || a.embedded.is_some(), "--tls starts a TLS cluster with --embedded; for --coordinator give --tls-ca");
+        let mut tls_ca = a.tls_ca.clone();
         let (urls, started, kind, tmp) = if let Some(n) = a.embedded {
             ensure!(n > 0, "--embedded needs at least 1 shard node");
             if !a.env.is_empty() {
                 eprintln!("warning: --env applies to started processes, not to an embedded cluster");
             }
             let (path, tmp) = dir()?;
-            let (url, started) = start_embedded(EmbeddedConfig::ephemeral(path, n)).await?;
+            let mut cfg = EmbeddedConfig::ephemeral(&path, n);
+            if a.tls {
+                let certs = shoal_ops::security::make_cluster_certs(&path.join("tls"), &[])?;
+                cfg.use_tls(&path.join("tls"));
+                tls_ca = Some(certs.ca);
+            }
+            let (url, started) = start_embedded(cfg).await?;
             (vec![url], started, "embedded", tmp)
         } else if let Some(bin) = &a.processes {
             ensure!(a.shard_nodes > 0, "--shard-nodes must be at least 1");
@@ -168,7 +194,7 @@ impl Target {
             ensure!(!a.coordinators.is_empty(), "no target: give --coordinator URL, --embedded N or --processes BIN_DIR");
             (a.coordinators.clone(), Started::None, "coordinators", None)
         };
-        let clients = Clients::connect(&urls, a.connections).await?;
+        let clients = Clients::connect(&urls, a.connections, tls_ca.as_deref()).await?;
         Ok(Target { clients, kind, urls, started, _tmp: tmp })
     }
 

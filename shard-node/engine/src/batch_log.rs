@@ -98,7 +98,7 @@ pub(crate) fn key(seq: u64) -> [u8; 8] {
     seq.to_be_bytes()
 }
 
-fn decode_key(key: &[u8]) -> Option<u64> {
+pub(crate) fn decode_key(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(key.try_into().ok()?))
 }
 
@@ -223,6 +223,7 @@ pub(crate) fn read(store: &Store, txn: &RoTxn<'_, WithoutTls>, state: &State, fr
     let range = (std::ops::Bound::Included(&start[..]), std::ops::Bound::Unbounded);
     for (expected, item) in (from..=last_seq).zip(store.dbs.batch_log.range(txn, &range).map_err(|e| store.err(e))?) {
         let (k, v) = item.map_err(|e| store.err(e))?;
+        store.check_len(v.len(), || format!("batch log entry {expected}"))?;
         if decode_key(k) != Some(expected) {
             return Err(corrupt(format!("batch log entry {expected} is missing (found key {k:?})")));
         }

@@ -33,7 +33,7 @@ impl ContentDigest {
     }
 }
 
-pub(crate) fn content_digest(store: &Store, txn: &RoTxn<'_, WithoutTls>) -> Result<ContentDigest> {
+pub(crate) fn content_digest(store: &Store, txn: &RoTxn<'_, WithoutTls>, vector_bytes: usize) -> Result<ContentDigest> {
     let corrupt = |detail: String| Error::Corrupt { path: store.path.clone(), detail };
     let mut hasher = blake3::Hasher::new();
     let mut points = 0u64;
@@ -49,7 +49,15 @@ pub(crate) fn content_digest(store: &Store, txn: &RoTxn<'_, WithoutTls>) -> Resu
             .get(txn, &key)
             .map_err(|e| store.err(e))?
             .ok_or_else(|| corrupt(format!("live point {internal} has no vector")))?;
+        // Checked before they are read: a damaged length would run the
+        // hash past the end of the map.
+        if vector.len() != vector_bytes {
+            return Err(corrupt(format!("vector of node {internal} has {} bytes, expected {vector_bytes}", vector.len())));
+        }
         let payload = store.dbs.payloads.get(txn, &key).map_err(|e| store.err(e))?;
+        if let Some(p) = payload {
+            store.check_len(p.len(), || format!("the payload of node {internal}"))?;
+        }
         // Lengths go in before the bytes so that no two different points
         // hash the same stream.
         hasher.update(external);

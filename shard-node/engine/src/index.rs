@@ -314,6 +314,7 @@ impl Index {
         let log = {
             let txn = store.env.read_txn().map_err(|e| store.err(e))?;
             let state = session::read_state(&store, &txn)?;
+            check_counts(&store, &txn, &state)?;
             let list_bytes = codec::links_bytes(params.max_links(0));
             LogVersions::new(state.log_epoch, LogIndex::load(&store, &txn, list_bytes, state.next_id)?)
         };
@@ -366,6 +367,14 @@ impl Index {
                 store.dbs.meta.put(&mut wtxn, codec::META_STATE, &state.encode()).map_err(|e| store.err(e))?;
                 wtxn.commit().map_err(|e| store.err(e))?;
                 Ok(params)
+            }
+            // A create that died before its parameters were written leaves
+            // no state either; a state without parameters is damage.
+            (None, Missing::Fail)
+                if store.dbs.meta.get(&wtxn, codec::META_STATE).map_err(|e| store.err(e))?.is_some()
+                    || store.dbs.nodes.len(&wtxn).map_err(|e| store.err(e))? > 0 =>
+            {
+                Err(Error::Corrupt { path: store.path.clone(), detail: "the index holds data but its parameters record is missing".into() })
             }
             (None, Missing::Fail) => Err(Error::NotFound { path: store.path.clone() }),
         }
@@ -1027,9 +1036,18 @@ impl Index {
                 let key = codec::id_key(block);
                 let exists = block < first_unwritten_block || last_block == Some(block);
                 block_buf.clear();
+                let block_len = list_len * per_block as usize;
                 match dbs.links0.get(wtxn, &key).map_err(err)? {
+                    // A damaged block would make the patch below write
+                    // outside it.
+                    Some(old) if exists && old.len() != block_len => {
+                        return Err(Attempt::Failed(Error::Corrupt {
+                            path: self.store.path.clone(),
+                            detail: format!("link block {block} has {} bytes, expected {block_len}", old.len()),
+                        }));
+                    }
                     Some(old) if exists => block_buf.extend_from_slice(old),
-                    Some(_) | None => block_buf.resize(list_len * per_block as usize, 0),
+                    Some(_) | None => block_buf.resize(block_len, 0),
                 }
                 while i < round.len() && round[i] / per_block == block {
                     let at = (round[i] % per_block) as usize * list_len;
@@ -1090,7 +1108,7 @@ impl Index {
         let shared = self.resize.read();
         let mut s = self.take_session()?;
         let result = s.search(&self.store, &shared, &self.params, &query, params, self.opts.rescore, stop);
-        self.return_session(s);
+        self.return_session_after(s, &result);
         result
     }
 
@@ -1099,7 +1117,7 @@ impl Index {
         let shared = self.resize.read();
         let mut s = self.take_session()?;
         let result = s.get(&self.store, &shared, &self.params, id);
-        self.return_session(s);
+        self.return_session_after(s, &result);
         result
     }
 
@@ -1155,6 +1173,15 @@ impl Index {
             }
         }
         Session::open(&self.store, &self.log, generation, self.opts.cache_budget_bytes)
+    }
+
+    /// Keeps `s` for reuse unless its read failed in LMDB or on damaged
+    /// data: LMDB marks a transaction that met an error unusable (every
+    /// later read is `MDB_BAD_TXN`), so the next read starts a fresh one.
+    fn return_session_after<T>(&self, s: Session, result: &Result<T>) {
+        if matches!(result, Ok(_) | Err(Error::Stopped { .. } | Error::Invalid(_))) {
+            self.return_session(s);
+        }
     }
 
     fn return_session(&self, s: Session) {
@@ -1228,7 +1255,7 @@ impl Snapshot<'_> {
     /// snapshot: equal on two copies exactly when they hold the same
     /// points. A full scan, for checks, never for the write path.
     pub fn digest(&self) -> Result<crate::ContentDigest> {
-        self.session.digest(&self.index.store)
+        self.session.digest(&self.index.store, &self.index.params)
     }
 
     /// Vectors that had to be copied because LMDB misaligned them. The
@@ -1309,6 +1336,28 @@ impl From<Error> for Attempt {
             | Error::Io { .. }) => Attempt::Failed(other),
         }
     }
+}
+
+/// Cheap checks of the state against the tables on open: LMDB keeps each
+/// table's entry count in its database record, so these read no table.
+/// A damaged state record, or a damaged database record, shows up here
+/// instead of as wrong answers later.
+fn check_counts(store: &Store, txn: &heed::RoTxn<'_, heed::WithoutTls>, state: &State) -> Result<()> {
+    let corrupt = |detail: String| Error::Corrupt { path: store.path.clone(), detail };
+    let nodes = store.dbs.nodes.len(txn).map_err(|e| store.err(e))?;
+    if nodes != u64::from(state.next_id) {
+        return Err(corrupt(format!("the index state counts {} nodes, the node table holds {nodes}", state.next_id)));
+    }
+    let external = store.dbs.external.len(txn).map_err(|e| store.err(e))?;
+    if external != state.live {
+        return Err(corrupt(format!("the index state counts {} live points, the id map holds {external}", state.live)));
+    }
+    if let Some((entry, _)) = state.entry
+        && entry >= state.next_id
+    {
+        return Err(corrupt(format!("the entry point {entry} is past the last node {}", state.next_id)));
+    }
+    Ok(())
 }
 
 fn attempt(store: &Store, e: heed::Error) -> Attempt {

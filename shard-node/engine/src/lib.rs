@@ -32,6 +32,8 @@ mod codec;
 mod copy;
 mod digest;
 mod error;
+#[cfg(test)]
+mod fuzz_tests;
 mod hnsw;
 mod index;
 mod links_log;

@@ -129,25 +129,35 @@ impl LogIndex {
         for item in store.dbs.links0_log.iter(txn).map_err(|e| store.err(e))? {
             let (key, value) = item.map_err(|e| store.err(e))?;
             let epoch = key.try_into().map(u64::from_be_bytes).map_err(|_| corrupt(format!("link log key of {} bytes", key.len())))?;
+            store.check_len(value.len(), || format!("link log value {epoch}"))?;
             if index.values.len() >= MAX_VALUES {
                 return Err(corrupt(format!("link log holds more than {MAX_VALUES} values")));
             }
-            let records = records(value, list_bytes).ok_or_else(|| corrupt(format!("link log value {epoch} is malformed")))?;
-            if records.len() > MAX_RECORDS {
-                return Err(corrupt(format!("link log value {epoch} holds more than {MAX_RECORDS} records")));
-            }
-            let mut ids = Vec::with_capacity(records.len());
-            for r in records {
-                let id = u32::from_le_bytes([r[0], r[1], r[2], r[3]]);
-                if id >= next_id || ids.last().is_some_and(|&last| last >= id) {
-                    return Err(corrupt(format!("link log value {epoch} names node {id} out of order or past the index")));
-                }
-                ids.push(id);
-            }
+            let ids = value_ids(value, list_bytes, next_id).map_err(|why| corrupt(format!("link log value {epoch} {why}")))?;
             index = index.with_value(epoch, ids);
         }
         Ok(index)
     }
+}
+
+/// The ids whose lists a stored log value holds, checked to be whole
+/// records, ascending and below `next_id`; Err says what is wrong (after
+/// "link log value N").
+pub(crate) fn value_ids(value: &[u8], list_bytes: usize, next_id: u32) -> std::result::Result<Vec<u32>, String> {
+    let records = records(value, list_bytes).ok_or_else(|| "is malformed".to_owned())?;
+    if records.len() > MAX_RECORDS {
+        return Err(format!("holds more than {MAX_RECORDS} records"));
+    }
+    // Bounded by the value's real length, not by its count field.
+    let mut ids = Vec::with_capacity(records.len());
+    for r in records {
+        let id = u32::from_le_bytes([r[0], r[1], r[2], r[3]]);
+        if id >= next_id || ids.last().is_some_and(|&last| last >= id) {
+            return Err(format!("names node {id} out of order or past the index"));
+        }
+        ids.push(id);
+    }
+    Ok(ids)
 }
 
 /// One value of the log as a transaction sees it, checked to hold the
@@ -175,8 +185,15 @@ impl<'t> Value<'t> {
             .get(txn, &epoch.to_be_bytes())
             .map_err(|e| store.err(e))?
             .ok_or_else(|| corrupt(format!("link log value {epoch} is missing")))?;
-        let count = records(value, list_bytes).ok_or_else(|| corrupt(format!("link log value {epoch} is malformed")))?.len();
-        Ok(Value { records: &value[HEADER..HEADER + count * record_bytes(list_bytes)], list_bytes })
+        store.check_len(value.len(), || format!("link log value {epoch}"))?;
+        Value::parse(value, list_bytes).ok_or_else(|| corrupt(format!("link log value {epoch} is malformed")))
+    }
+
+    /// The records of a stored value, or `None` if its count promises more
+    /// than it holds.
+    pub(crate) fn parse(value: &'t [u8], list_bytes: usize) -> Option<Value<'t>> {
+        let len = records(value, list_bytes)?.len().checked_mul(record_bytes(list_bytes))?;
+        Some(Value { records: value.get(HEADER..HEADER.checked_add(len)?)?, list_bytes })
     }
 
     /// Records in the value.
@@ -192,8 +209,9 @@ impl<'t> Value<'t> {
 
     /// The stored list of record `record`.
     pub(crate) fn list(&self, record: usize) -> Option<&'t [u8]> {
-        let at = record.checked_mul(record_bytes(self.list_bytes))? + 4;
-        self.records.get(at..at + self.list_bytes)
+        // `record` may come from a damaged index: no arithmetic may wrap.
+        let at = record.checked_mul(record_bytes(self.list_bytes))?.checked_add(4)?;
+        self.records.get(at..at.checked_add(self.list_bytes)?)
     }
 }
 

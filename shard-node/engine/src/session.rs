@@ -193,8 +193,8 @@ impl Session {
     }
 
     /// The digest of every live point as of this session's commit.
-    pub(crate) fn digest(&self, store: &Store) -> Result<crate::ContentDigest> {
-        crate::digest::content_digest(store, &self.txn)
+    pub(crate) fn digest(&self, store: &Store, params: &IndexParams) -> Result<crate::ContentDigest> {
+        crate::digest::content_digest(store, &self.txn, params.vector_bytes())
     }
 
     /// Lists in the link log as of this session's commit.
@@ -214,6 +214,9 @@ impl Session {
 
 fn payload(store: &Store, txn: &RoTxn<'_, WithoutTls>, internal: u32) -> Result<Option<Vec<u8>>> {
     let p = store.dbs.payloads.get(txn, &codec::id_key(internal)).map_err(|e| store.err(e))?;
+    if let Some(p) = p {
+        store.check_len(p.len(), || format!("the payload of node {internal}"))?;
+    }
     Ok(p.map(<[u8]>::to_vec))
 }
 
@@ -258,7 +261,7 @@ pub(crate) fn offsets(store: &Store, txn: &RoTxn<'_, WithoutTls>) -> Result<Vec<
     Ok(out)
 }
 
-fn decode_offset(b: &[u8]) -> Option<u64> {
+pub(crate) fn decode_offset(b: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(b.try_into().ok()?))
 }
 

@@ -41,6 +41,10 @@ pub(crate) struct Dbs {
     pub(crate) batch_log: Db,
 }
 
+/// The databases of an index, in the order of [`Dbs`]'s fields.
+const DB_NAMES: [&str; 11] =
+    ["meta", "vectors", "codes", "links0", "links0_log", "links_up", "nodes", "external", "payloads", "offsets", "batch_log"];
+
 /// How the environment is opened.
 #[derive(Clone, Debug)]
 pub(crate) struct StoreOptions {
@@ -57,12 +61,15 @@ pub(crate) struct Store {
     pub(crate) dbs: Dbs,
     pub(crate) path: PathBuf,
     pub(crate) max_map_size: u64,
+    /// The environment's page size, fixed when it was created.
+    page: u64,
 }
 
 impl Store {
     /// Opens (creating if needed) the environment in `path`.
     pub(crate) fn open(path: &Path, opts: &StoreOptions) -> Result<Store> {
         std::fs::create_dir_all(path).map_err(|source| io_error(path, path, source))?;
+        check_meta_pages(path)?;
         reserve_lock_file(path, opts.max_readers)?;
         let page = page_size();
         let file_len = std::fs::metadata(path.join("data.mdb")).map(|m| m.len()).unwrap_or(0);
@@ -86,39 +93,66 @@ impl Store {
         // SAFETY: the environment's files are only ever modified through LMDB
         // in this process; shoal never opens them with anything else.
         let env = unsafe { builder.open(path) }.map_err(|e| storage(path, e))?;
+        // An environment that has committed before must already hold its
+        // databases: creating a missing one would write an empty table
+        // into a file whose main database (the list of tables) is damaged,
+        // and the index would then read as empty, or as no index at all.
+        let fresh = env.info().last_txn_id == 0;
         let wtxn = env.write_txn().map_err(|e| storage(path, e))?;
-        let (meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets, batch_log) = env
+        let opened = env
             .create_databases_and_commit(wtxn, |dbo, wtxn| -> heed::Result<_> {
-                let mut create = |name: &'static str| dbo.create_database::<Bytes, Bytes>(wtxn, Some(name));
-                Ok(CommitOrAbort::<_, ()>::Commit((
-                    create("meta")?,
-                    create("vectors")?,
-                    create("codes")?,
-                    create("links0")?,
-                    create("links0_log")?,
-                    create("links_up")?,
-                    create("nodes")?,
-                    create("external")?,
-                    create("payloads")?,
-                    create("offsets")?,
+                let open = |name: &'static str| {
                     // Created on first open by a build that has it: an
                     // index written before it starts with an empty log.
-                    create("batch_log")?,
-                )))
+                    if fresh || name == "batch_log" {
+                        dbo.create_database::<Bytes, Bytes>(wtxn, Some(name)).map(Some)
+                    } else {
+                        dbo.open_database::<Bytes, Bytes>(wtxn, Some(name))
+                    }
+                };
+                Ok(CommitOrAbort::<_, ()>::Commit(DB_NAMES.map(open)))
             })
             .map_err(|e| storage(path, e))?
             .unwrap_commit();
+        let mut dbs = Vec::with_capacity(DB_NAMES.len());
+        for (name, db) in DB_NAMES.iter().zip(opened) {
+            let db = db.map_err(|e| storage(path, e))?.ok_or_else(|| Error::Corrupt {
+                path: path.to_owned(),
+                detail: format!("the {name} table is missing from data.mdb: LMDB's main database, which lists the tables, is damaged"),
+            })?;
+            dbs.push(db);
+        }
+        let [meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets, batch_log] = dbs[..] else {
+            unreachable!("one database per name");
+        };
+        let page = env.read_txn().ok().and_then(|t| meta.stat(&t).ok()).map_or(page, |s| u64::from(s.page_size));
         Ok(Store {
             env,
             dbs: Dbs { meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets, batch_log },
             path: path.to_owned(),
             max_map_size: opts.max_map_size,
+            page,
         })
     }
 
     /// Maps a heed error to the engine's, naming the environment.
     pub(crate) fn err(&self, e: heed::Error) -> Error {
         storage(&self.path, e)
+    }
+
+    /// Refuses a value of `len` bytes that cannot be in the file: LMDB
+    /// takes a value's length from its node without checking it against
+    /// the page, so a damaged length hands out a slice that runs past the
+    /// map, and reading it faults. Bounded by the file's used bytes
+    /// (cheap: no transaction), which catches the
+    /// damaged high bits; `what` names the value.
+    pub(crate) fn check_len(&self, len: usize, what: impl FnOnce() -> String) -> Result<()> {
+        let limit = (self.env.info().last_page_number as u64).saturating_add(1).saturating_mul(self.page);
+        if len as u64 <= limit {
+            Ok(())
+        } else {
+            Err(Error::Corrupt { path: self.path.clone(), detail: format!("{} claims {len} bytes, more than data.mdb holds", what()) })
+        }
     }
 
     /// Size of the memory map now.
@@ -138,7 +172,7 @@ impl Store {
 
     /// The environment's page size (fixed when it was created).
     pub(crate) fn page_size(&self) -> u32 {
-        self.env.read_txn().ok().and_then(|t| self.dbs.meta.stat(&t).ok()).map_or(page_size() as u32, |s| s.page_size)
+        self.page as u32
     }
 
     /// Bytes the environment occupies on disk (the data file).
@@ -264,8 +298,14 @@ fn io_error(dir: &Path, file: &Path, source: std::io::Error) -> Error {
 
 /// Maps heed errors: a full device becomes [`Error::DiskFull`], running
 /// out of file descriptors (opening the environment)
-/// [`Error::OpenFileLimit`], everything else keeps its source.
+/// [`Error::OpenFileLimit`], LMDB finding its file damaged
+/// [`Error::Corrupt`], everything else keeps its source.
 pub(crate) fn storage(path: &Path, e: heed::Error) -> Error {
+    if let heed::Error::Mdb(m) = &e
+        && let Some(why) = lmdb_corruption(m)
+    {
+        return Error::Corrupt { path: path.to_owned(), detail: format!("{why} ({e})") };
+    }
     match &e {
         heed::Error::Io(io) if io.raw_os_error() == Some(libc::ENOSPC) => Error::DiskFull { path: path.to_owned() },
         heed::Error::Io(io) if matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
@@ -278,6 +318,196 @@ pub(crate) fn storage(path: &Path, e: heed::Error) -> Error {
         }
         heed::Error::Io(_) | heed::Error::Mdb(_) | heed::Error::Encoding(_) | heed::Error::Decoding(_) | heed::Error::EnvAlreadyOpened => {
             Error::Storage { path: path.to_owned(), source: e }
+        }
+    }
+}
+
+/// What an LMDB error says about the data file, if it says it is damaged.
+/// LMDB keeps no checksums: these are the structural checks it makes on
+/// the way down a B-tree, and the checks of its header on open.
+fn lmdb_corruption(e: &heed::MdbError) -> Option<&'static str> {
+    use heed::MdbError as M;
+    match e {
+        M::PageNotFound => Some("LMDB followed a page number past the last page written: a page pointer in data.mdb is damaged"),
+        M::Corrupted => {
+            Some("LMDB met a page of the wrong kind (a branch page where a leaf was due, or the reverse): a page of data.mdb is damaged")
+        }
+        M::Invalid => Some("data.mdb is not an LMDB environment: its meta pages (the first two) are damaged"),
+        M::VersionMismatch => Some("data.mdb's meta pages name another LMDB format version: they are damaged or the file is foreign"),
+        // Our databases are created with fixed flags; a record whose flags
+        // changed is a damaged record of the main database.
+        M::Incompatible => Some("a database record in LMDB's main database has the wrong flags: a page of data.mdb is damaged"),
+        M::Problem => Some("LMDB found its free-page bookkeeping inconsistent: data.mdb is damaged (or LMDB has a bug)"),
+        // Our trees are a few levels deep; 32 means a branch page points
+        // back up the tree.
+        M::CursorFull => Some("LMDB went more than 32 levels down a B-tree: a branch page of data.mdb points into a cycle"),
+        // The engine's only puts that can meet an existing key are
+        // appends (`PutFlags::APPEND`) of ids above every stored one.
+        // Our tables are opened once and never dropped: a table handle that
+        // went bad means its record in the main database changed.
+        M::BadDbi => Some("a table's record in LMDB's main database changed under the index: a page of data.mdb is damaged"),
+        M::KeyExist => Some("LMDB refused to append an id above the last one stored: a key or page of data.mdb is damaged"),
+        M::NotFound
+        | M::Panic
+        | M::MapFull
+        | M::DbsFull
+        | M::ReadersFull
+        | M::TlsFull
+        | M::TxnFull
+        | M::PageFull
+        | M::MapResized
+        | M::BadRslot
+        | M::BadTxn
+        | M::BadValSize
+        | M::Other(_) => None,
+    }
+}
+
+/// Reads the two meta pages of an existing `data.mdb` and refuses one
+/// whose header LMDB would misread. LMDB checks only their magic and
+/// version: it takes the one with the larger transaction id and trusts its
+/// last page number, so a flipped bit there makes it map (and later touch)
+/// pages past the end of the file, which is a SIGBUS, not an error, or
+/// start from a tree that is long gone.
+fn check_meta_pages(dir: &Path) -> Result<()> {
+    use std::io::Read;
+    let path = dir.join(DATA_FILE);
+    let mut file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error(dir, &path, e)),
+    };
+    let len = file.metadata().map_err(|e| io_error(dir, &path, e))?.len();
+    if len == 0 {
+        // LMDB writes the meta pages of an empty file itself.
+        return Ok(());
+    }
+    // Both meta pages, at the largest page size LMDB supports.
+    let mut head = Vec::with_capacity(2 * MAX_META_PAGE);
+    (&mut file).take(2 * MAX_META_PAGE as u64).read_to_end(&mut head).map_err(|e| io_error(dir, &path, e))?;
+    meta::check(&head, len).map_err(|detail| Error::Corrupt { path: dir.to_owned(), detail })
+}
+
+/// Largest LMDB page size (`MAX_PAGESIZE`).
+const MAX_META_PAGE: usize = 0x10000;
+
+/// LMDB's meta pages, as `mdb.c` lays them out on 64-bit builds: a 16-byte
+/// page header (flags at 10), then `MDB_meta`: magic, version, address,
+/// map size, the free and main databases' records (48 bytes each, the
+/// page size in the first's first word, the root in the last 8 bytes),
+/// the last page number and the transaction id.
+pub(crate) mod meta {
+    const FLAGS: usize = 10;
+    const P_META: u16 = 0x08;
+    const MAGIC: usize = 16;
+    const VERSION: usize = 20;
+    const PAGE_SIZE: usize = 40;
+    const FREE_ROOT: usize = 80;
+    const MAIN_ROOT: usize = 128;
+    const LAST_PAGE: usize = 136;
+    const TXN_ID: usize = 144;
+    const END: usize = 152;
+    const MDB_MAGIC: u32 = 0xBEEF_C0DE;
+    const MDB_DATA_VERSION: u32 = 1;
+    const P_INVALID: u64 = u64::MAX;
+
+    #[derive(Clone, Copy, Debug)]
+    struct Meta {
+        last_page: u64,
+        txn_id: u64,
+    }
+
+    fn u16_at(p: &[u8], at: usize) -> u16 {
+        u16::from_le_bytes([p[at], p[at + 1]])
+    }
+    fn u32_at(p: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes([p[at], p[at + 1], p[at + 2], p[at + 3]])
+    }
+    fn u64_at(p: &[u8], at: usize) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&p[at..at + 8]);
+        u64::from_le_bytes(b)
+    }
+
+    /// The meta page `n` of `head` (at least `END` bytes of it).
+    fn read(page: &[u8], n: usize) -> Result<(Meta, u32), String> {
+        let p = page.get(..END).ok_or_else(|| format!("data.mdb ends inside meta page {n}"))?;
+        if u16_at(p, FLAGS) & P_META == 0 || u32_at(p, MAGIC) != MDB_MAGIC {
+            return Err(format!("meta page {n} of data.mdb is damaged: it is not marked as a meta page or lacks LMDB's magic number"));
+        }
+        if u32_at(p, VERSION) != MDB_DATA_VERSION {
+            return Err(format!("meta page {n} of data.mdb names LMDB data version {}, not {MDB_DATA_VERSION}", u32_at(p, VERSION)));
+        }
+        let meta = Meta { last_page: u64_at(p, LAST_PAGE), txn_id: u64_at(p, TXN_ID) };
+        for (db, at) in [("free-page", FREE_ROOT), ("main", MAIN_ROOT)] {
+            let root = u64_at(p, at);
+            if root != P_INVALID && root > meta.last_page {
+                return Err(format!(
+                    "meta page {n} of data.mdb puts the root of the {db} database at page {root}, past its last page {}",
+                    meta.last_page
+                ));
+            }
+        }
+        Ok((meta, u32_at(p, PAGE_SIZE)))
+    }
+
+    /// A valid pair of meta pages of `page`-byte pages (for tests): the
+    /// newer one (`txn_id`) in the slot of its parity.
+    #[cfg(test)]
+    pub(crate) fn sample(page: usize, last_page: u64, txn_id: u64) -> Vec<u8> {
+        let mut head = vec![0u8; 2 * page];
+        for n in 0..2u64 {
+            let p = &mut head[n as usize * page..];
+            p[..8].copy_from_slice(&n.to_le_bytes());
+            p[FLAGS..FLAGS + 2].copy_from_slice(&P_META.to_le_bytes());
+            p[MAGIC..MAGIC + 4].copy_from_slice(&MDB_MAGIC.to_le_bytes());
+            p[VERSION..VERSION + 4].copy_from_slice(&MDB_DATA_VERSION.to_le_bytes());
+            p[PAGE_SIZE..PAGE_SIZE + 4].copy_from_slice(&(page as u32).to_le_bytes());
+            p[FREE_ROOT..FREE_ROOT + 8].copy_from_slice(&P_INVALID.to_le_bytes());
+            p[MAIN_ROOT..MAIN_ROOT + 8].copy_from_slice(&last_page.to_le_bytes());
+            let txn = if n == txn_id % 2 { txn_id } else { txn_id.saturating_sub(1) };
+            p[LAST_PAGE..LAST_PAGE + 8].copy_from_slice(&last_page.to_le_bytes());
+            p[TXN_ID..TXN_ID + 8].copy_from_slice(&txn.to_le_bytes());
+        }
+        head
+    }
+
+    /// Checks the meta pages at the start of a data file of `file_len`
+    /// bytes (`head`: its first bytes, both meta pages included); Err says
+    /// what is wrong.
+    pub(crate) fn check(head: &[u8], file_len: u64) -> Result<(), String> {
+        let (m0, page) = read(head, 0)?;
+        if !page.is_power_of_two() || !(512..=0x10000).contains(&page) {
+            return Err(format!("meta page 0 of data.mdb gives a page size of {page} bytes"));
+        }
+        let page = page as usize;
+        let (m1, page1) = read(head.get(page..).unwrap_or_default(), 1)?;
+        if page1 as usize != page {
+            return Err(format!("the meta pages of data.mdb disagree on the page size ({page} and {page1} bytes)"));
+        }
+        // Each commit writes the meta page of its parity, so the two hold
+        // consecutive transaction ids (both 0 before the first commit).
+        let (older, newer) = if m0.txn_id <= m1.txn_id { (m0, m1) } else { (m1, m0) };
+        if newer.txn_id != 0 && newer.txn_id - older.txn_id != 1 {
+            return Err(format!(
+                "the meta pages of data.mdb hold transaction ids {} and {}, which are not consecutive: one of them is damaged",
+                m0.txn_id, m1.txn_id
+            ));
+        }
+        // The file only ever grows, and holds every page up to the last.
+        if older.last_page > newer.last_page {
+            return Err(format!(
+                "the meta pages of data.mdb say the file shrank from page {} to {}: one of them is damaged",
+                older.last_page, newer.last_page
+            ));
+        }
+        let needed = newer.last_page.checked_add(1).and_then(|n| n.checked_mul(page as u64));
+        match needed {
+            Some(needed) if needed <= file_len => Ok(()),
+            Some(_) | None => Err(format!(
+                "the newest meta page of data.mdb puts the last page at {}, past the end of the file ({file_len} bytes of {page}-byte pages)",
+                newer.last_page
+            )),
         }
     }
 }
@@ -329,5 +559,32 @@ mod tests {
         }
         let other = io_error(dir, &dir.join(LOCK_FILE), std::io::Error::from_raw_os_error(libc::EACCES));
         assert!(matches!(&other, Error::Io { path, .. } if path.ends_with(LOCK_FILE)), "{other:?}");
+    }
+}
+
+#[cfg(test)]
+mod meta_tests {
+    use super::meta;
+
+    #[test]
+    fn meta_pages_of_a_whole_file_pass_and_damage_is_named() {
+        let head = meta::sample(4096, 9, 41);
+        assert_eq!(meta::check(&head, 10 * 4096), Ok(()));
+        assert_eq!(meta::check(&meta::sample(4096, 1, 0), 2 * 4096), Ok(()));
+        // Past the end of the file.
+        assert!(meta::check(&head, 9 * 4096).unwrap_err().contains("past the end of the file"));
+        // A flipped bit in the newer transaction id.
+        let mut flipped = head.clone();
+        flipped[4096 + 144 + 5] ^= 1;
+        assert!(meta::check(&flipped, 10 * 4096).unwrap_err().contains("not consecutive"));
+        // A flipped bit in the last page number.
+        let mut flipped = head.clone();
+        flipped[4096 + 136 + 4] ^= 0x10;
+        assert!(meta::check(&flipped, 10 * 4096).unwrap_err().contains("past"));
+        // The magic number.
+        let mut flipped = head;
+        flipped[17] ^= 2;
+        assert!(meta::check(&flipped, 10 * 4096).unwrap_err().contains("meta page 0"));
+        assert!(meta::check(&[], 0).is_err());
     }
 }

@@ -95,7 +95,11 @@ pub(crate) fn compress(raw: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
 /// [`crate::SnapshotError::ChunkCorrupt`].
 #[cfg(test)]
 pub(crate) fn decompress_checked(stored: &[u8], raw_len: u64, want_hash: &str) -> Result<Vec<u8>, String> {
-    let mut raw = vec![0; usize::try_from(raw_len).map_err(|e| e.to_string())? + 1];
+    let cap = usize::try_from(raw_len)
+        .ok()
+        .and_then(|n| n.checked_add(1))
+        .ok_or_else(|| format!("raw length {raw_len} does not fit in memory"))?;
+    let mut raw = vec![0; cap];
     let n = decompress_checked_into(stored, raw_len, want_hash, &mut raw)?;
     raw.truncate(n);
     Ok(raw)

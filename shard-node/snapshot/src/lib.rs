@@ -28,6 +28,8 @@
 mod catalog;
 mod chunk;
 mod error;
+#[cfg(test)]
+mod fuzz_tests;
 mod image_file;
 mod layout;
 mod manifest;
@@ -41,7 +43,7 @@ mod upload;
 pub use catalog::{CollectionSnapshot, Listed, MAX_LISTED_MISSING, list_collection_snapshots, list_snapshots, summarize};
 pub use error::{Result, SnapshotError};
 pub use layout::{new_snapshot_id, validate_id};
-pub use manifest::{ChunkRef, CompressionDoc, FORMAT, FORMAT_VERSION, Manifest, OffsetDoc, ParamsDoc};
+pub use manifest::{ChunkRef, CompressionDoc, FORMAT, FORMAT_VERSION, MAX_CHUNK_SIZE, Manifest, OffsetDoc, ParamsDoc};
 pub use objects::{TransferOptions, get_object, put_object, read_manifest};
 pub use progress::{Operation, Phase, Progress, ProgressReport};
 pub use prune::{PruneReport, prune};

@@ -9,6 +9,11 @@ use crate::error::{Result, SnapshotError};
 /// Name in every manifest's `format` field.
 pub const FORMAT: &str = "shoal-shard-snapshot";
 
+/// Largest `chunk_size` a manifest may declare: what `SnapshotOptions`
+/// accepts (1 GiB). A restore allocates a buffer of a chunk's raw length, so
+/// the bound keeps a damaged or hostile manifest from sizing it.
+pub const MAX_CHUNK_SIZE: u64 = 1 << 30;
+
 /// Version this build writes and reads. Bump it for any change an older
 /// reader must not ignore; readers refuse other versions with
 /// [`SnapshotError::UnsupportedFormat`].
@@ -162,9 +167,11 @@ impl Manifest {
         if self.index.params().is_none() {
             return Err(format!("unknown metric {:?}", self.index.metric));
         }
-        if self.chunk_size == 0 {
-            return Err("chunk_size is 0".into());
+        if self.chunk_size == 0 || self.chunk_size > MAX_CHUNK_SIZE {
+            return Err(format!("chunk_size is {}, not 1 to {MAX_CHUNK_SIZE}", self.chunk_size));
         }
+        // Sums in checked arithmetic: the numbers are whatever the object
+        // says, and a wrapped sum could match a wrong total.
         let mut raw = 0u64;
         let mut stored = 0u64;
         for (i, c) in self.chunks.iter().enumerate() {
@@ -175,8 +182,14 @@ impl Manifest {
             if c.raw_len == 0 || c.raw_len > self.chunk_size || (!last && c.raw_len != self.chunk_size) {
                 return Err(format!("chunk {i} has raw_len {} with chunk_size {}", c.raw_len, self.chunk_size));
             }
-            raw += c.raw_len;
-            stored += c.stored_len;
+            // A download is sized by `stored_len`: no zstd frame of the
+            // chunk can be larger than zstd's bound for its raw length.
+            let bound = zstd::zstd_safe::compress_bound(c.raw_len as usize) as u64;
+            if c.stored_len == 0 || c.stored_len > bound {
+                return Err(format!("chunk {i} has stored_len {}, not 1 to {bound} for raw_len {}", c.stored_len, c.raw_len));
+            }
+            raw = raw.checked_add(c.raw_len).ok_or_else(|| format!("chunks add up to more than {} bytes", u64::MAX))?;
+            stored = stored.checked_add(c.stored_len).ok_or_else(|| format!("chunks add up to more than {} stored bytes", u64::MAX))?;
         }
         if raw != self.image_bytes {
             return Err(format!("chunks add up to {raw} bytes, image_bytes says {}", self.image_bytes));
@@ -189,7 +202,9 @@ impl Manifest {
 
     /// Offset of each chunk in the image.
     pub fn chunk_offsets(&self) -> impl Iterator<Item = (usize, u64, &ChunkRef)> {
-        self.chunks.iter().enumerate().map(move |(i, c)| (i, i as u64 * self.chunk_size, c))
+        // A checked manifest's offsets are below `image_bytes`; saturating
+        // keeps an unchecked one from overflowing.
+        self.chunks.iter().enumerate().map(move |(i, c)| (i, (i as u64).saturating_mul(self.chunk_size), c))
     }
 
     /// The offsets as pairs.

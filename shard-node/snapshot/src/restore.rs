@@ -130,8 +130,12 @@ async fn fill(store: &SnapshotStore, m: &Manifest, staging: &Path, opts: &Restor
                 let written = tokio::task::spawn_blocking(move || {
                     let _permit = permit;
                     RAW.with_borrow_mut(|buf| {
-                        let cap = usize::try_from(raw_len).map_err(|_| Err(format!("raw length {raw_len} is too large")))?;
-                        let out = buf.bytes_mut(cap + 1);
+                        // The manifest's check bounds raw_len by MAX_CHUNK_SIZE.
+                        let cap = usize::try_from(raw_len)
+                            .ok()
+                            .and_then(|n| n.checked_add(1))
+                            .ok_or_else(|| Err(format!("raw length {raw_len} is too large")))?;
+                        let out = buf.bytes_mut(cap);
                         let n = chunk::decompress_checked_into(&stored, raw_len, &hash, out).map_err(Err)?;
                         // One writer at a time: writers of one file queue on
                         // its inode lock anyway, and there they spin.

@@ -64,7 +64,7 @@ impl SnapshotOptions {
         if !(1..=22).contains(&self.zstd_level) {
             return bad(format!("zstd level must be 1 to 22, got {}", self.zstd_level));
         }
-        if !(4096..=(1 << 30)).contains(&self.chunk_size) {
+        if !(4096..=crate::MAX_CHUNK_SIZE as usize).contains(&self.chunk_size) {
             return bad(format!("chunk size must be 4 KiB to 1 GiB, got {}", self.chunk_size));
         }
         if self.concurrency == 0 || self.compress_threads == 0 {

@@ -50,8 +50,14 @@ fn shard(n: u32) -> Option<v1::ShardId> {
     Some(v1::ShardId { collection: "docs".into(), shard: n })
 }
 
+/// A one-shard collection's spec: its shard owns every id, so the tests
+/// write any ids into shard 0 (a node refuses ids of other shards).
 fn spec() -> Option<v1::ShardSpec> {
-    Some(v1::ShardSpec { dimension: DIM, metric: v1::Metric::Cosine as i32, index: None, shard_count: 2 })
+    spec_of(1)
+}
+
+fn spec_of(shard_count: u32) -> Option<v1::ShardSpec> {
+    Some(v1::ShardSpec { dimension: DIM, metric: v1::Metric::Cosine as i32, index: None, shard_count })
 }
 
 fn points(rng: &mut StdRng, ids: std::ops::Range<u64>) -> Vec<v1::Point> {
@@ -139,12 +145,12 @@ async fn epochs_fence_writes_on_the_wire() {
     // 0 on the wire means 1; a create may set it.
     let s = client.create_shard(v1::CreateShardRequest { shard: shard(0), spec: spec(), epoch: 0 }).await.unwrap().into_inner();
     assert_eq!((s.epoch, s.last_seq, s.log_first_seq), (1, 0, 1));
-    let s = client.create_shard(v1::CreateShardRequest { shard: shard(1), spec: spec(), epoch: 4 }).await.unwrap().into_inner();
+    let s = client.create_shard(v1::CreateShardRequest { shard: shard(1), spec: spec_of(2), epoch: 4 }).await.unwrap().into_inner();
     assert_eq!(s.epoch, 4);
     // A retried create raises the epoch, never lowers it.
-    let s = client.create_shard(v1::CreateShardRequest { shard: shard(1), spec: spec(), epoch: 6 }).await.unwrap().into_inner();
+    let s = client.create_shard(v1::CreateShardRequest { shard: shard(1), spec: spec_of(2), epoch: 6 }).await.unwrap().into_inner();
     assert_eq!(s.epoch, 6);
-    let s = client.create_shard(v1::CreateShardRequest { shard: shard(1), spec: spec(), epoch: 2 }).await.unwrap().into_inner();
+    let s = client.create_shard(v1::CreateShardRequest { shard: shard(1), spec: spec_of(2), epoch: 2 }).await.unwrap().into_inner();
     assert_eq!(s.epoch, 6);
 
     // Unfenced writes (epoch 0) are accepted as before; a higher epoch is adopted.

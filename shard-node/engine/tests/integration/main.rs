@@ -7,6 +7,7 @@ mod cold_pages;
 mod common;
 mod concurrency;
 mod copy;
+mod corruption;
 mod digest;
 mod epochs;
 mod model;
