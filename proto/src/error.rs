@@ -33,6 +33,10 @@ pub enum ErrorCode {
     /// An operation the server started was undone (a shard move rolled
     /// back); the state is as before it. Asking again starts it again.
     Aborted,
+    /// The data on disk is damaged (a shard's environment failed its
+    /// checks): that copy cannot serve until it is restored (`shard
+    /// recover`) or resynced from another replica.
+    DataLoss,
     /// A bug or a broken invariant on the server.
     Internal,
 }
@@ -48,6 +52,7 @@ impl ErrorCode {
             ErrorCode::DeadlineExceeded => Code::DeadlineExceeded,
             ErrorCode::FailedPrecondition => Code::FailedPrecondition,
             ErrorCode::Aborted => Code::Aborted,
+            ErrorCode::DataLoss => Code::DataLoss,
             ErrorCode::Internal => Code::Internal,
         }
     }
@@ -62,13 +67,10 @@ impl ErrorCode {
             Code::Unavailable | Code::Cancelled => ErrorCode::Unavailable,
             Code::ResourceExhausted => ErrorCode::ResourceExhausted,
             Code::DeadlineExceeded => ErrorCode::DeadlineExceeded,
-            Code::Ok
-            | Code::Unknown
-            | Code::PermissionDenied
-            | Code::Unimplemented
-            | Code::Internal
-            | Code::DataLoss
-            | Code::Unauthenticated => ErrorCode::Internal,
+            Code::DataLoss => ErrorCode::DataLoss,
+            Code::Ok | Code::Unknown | Code::PermissionDenied | Code::Unimplemented | Code::Internal | Code::Unauthenticated => {
+                ErrorCode::Internal
+            }
         }
     }
 }

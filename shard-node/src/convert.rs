@@ -99,9 +99,8 @@ pub(crate) fn engine_error(e: EngineError) -> ShoalError {
         | EngineError::IdSpaceExhausted { .. } => ErrorCode::ResourceExhausted,
         // The engine's error is non-exhaustive: anything new is internal
         // until it gets its own code here.
-        EngineError::UnsupportedFormat { .. } | EngineError::Corrupt { .. } | EngineError::Storage { .. } | EngineError::Io { .. } | _ => {
-            ErrorCode::Internal
-        }
+        EngineError::Corrupt { .. } => ErrorCode::DataLoss,
+        EngineError::UnsupportedFormat { .. } | EngineError::Storage { .. } | EngineError::Io { .. } | _ => ErrorCode::Internal,
     };
     ShoalError::new(code, e.to_string())
 }

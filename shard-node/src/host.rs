@@ -90,6 +90,10 @@ pub struct ShardHost {
     /// `limits.max_shards`, lowered to what the open-file limit carries.
     max_shards: usize,
     shards: RwLock<HashMap<ShardKey, Arc<Shard>>>,
+    /// Shards found on disk that failed to open (damaged), with why: not
+    /// served, but named in every request for them until they are
+    /// restored or dropped.
+    broken: RwLock<HashMap<ShardKey, String>>,
     /// Shards being created: they count against `max_shards` already.
     creating: Mutex<HashSet<ShardKey>>,
     searches: Searches,
@@ -153,17 +157,34 @@ impl ShardHost {
             limits: cfg.limits.clone(),
             max_shards,
             shards: RwLock::new(HashMap::new()),
+            broken: RwLock::new(HashMap::new()),
             creating: Mutex::new(HashSet::new()),
             searches: Searches::new(&cfg.limits, cfg.max_message_bytes),
             closing: AtomicBool::new(false),
             snapshots,
             max_message_bytes: cfg.max_message_bytes,
         });
+        // One damaged shard must not keep the node's other shards from
+        // serving: it is left out and named (see `broken`).
         for (key, dir) in find_shards(&root)? {
-            let shard_count = read_shard_file(&dir)?;
             let opts = host.engine.clone();
-            let index = tokio::task::spawn_blocking(move || Index::open(dir, opts)).await??;
-            host.insert(key, index, shard_count);
+            let opened = tokio::task::spawn_blocking(move || -> anyhow::Result<(Index, u32)> {
+                let shard_count = read_shard_file(&dir)?;
+                Ok((Index::open(dir, opts)?, shard_count))
+            })
+            .await?;
+            match opened {
+                Ok((index, shard_count)) => {
+                    host.insert(key, index, shard_count);
+                }
+                Err(e) => {
+                    tracing::error!(
+                        collection = %key.0, shard = key.1, error = %format!("{e:#}"),
+                        "shard cannot be opened and is not served: restore it (shoalctl shard recover) or drop it"
+                    );
+                    host.broken.write().insert(key, format!("{e:#}"));
+                }
+            }
         }
         crate::metrics::watch(&host);
         let held = host.shards.read().len();
@@ -177,6 +198,8 @@ impl ShardHost {
         let index = Arc::new(index);
         let writer = ShardWriter::spawn(Arc::clone(&index), self.writer, crate::metrics::labels(&key));
         let shard = Arc::new(Shard { index, shard_count, writer: Mutex::new(Some(writer)) });
+        // Restored over a damaged copy: served again.
+        self.broken.write().remove(&key);
         self.shards.write().insert(key, Arc::clone(&shard));
         shard
     }
@@ -231,7 +254,26 @@ impl ShardHost {
 
     pub(crate) fn get(&self, key: &ShardKey) -> Result<Arc<Shard>, ShoalError> {
         self.check_open()?;
-        self.shards.read().get(key).cloned().ok_or_else(|| ShoalError::not_found(format!("shard {}/{} is not on this node", key.0, key.1)))
+        if let Some(shard) = self.shards.read().get(key) {
+            return Ok(Arc::clone(shard));
+        }
+        Err(self.missing(key))
+    }
+
+    /// Why `key` is not served here: damaged (DATA_LOSS, with the cause),
+    /// or not on this node.
+    fn missing(&self, key: &ShardKey) -> ShoalError {
+        match self.broken.read().get(key) {
+            Some(why) => ShoalError::new(
+                shoal_proto::ErrorCode::DataLoss,
+                format!(
+                    "shard {}/{} on this node is damaged and not served ({why}): restore it with `shoalctl shard recover {}/{}`, \
+                     resync it from another replica, or drop it",
+                    key.0, key.1, key.0, key.1
+                ),
+            ),
+            None => ShoalError::not_found(format!("shard {}/{} is not on this node", key.0, key.1)),
+        }
     }
 
     /// Creates a shard at the request's epoch (0: 1), or confirms one that
@@ -306,13 +348,16 @@ impl ShardHost {
     /// Closes a shard and deletes its data.
     pub async fn drop_shard(&self, req: v1::DropShardRequest) -> Result<v1::DropShardResponse, ShoalError> {
         let key = key_of(req.shard)?;
-        let shard = self
-            .shards
-            .write()
-            .remove(&key)
-            .ok_or_else(|| ShoalError::not_found(format!("shard {}/{} is not on this node", key.0, key.1)))?;
-        shard.close().await;
-        drop(shard);
+        let removed = self.shards.write().remove(&key);
+        match removed {
+            Some(shard) => {
+                shard.close().await;
+                drop(shard);
+            }
+            // A damaged shard is dropped by removing its files.
+            None if self.broken.write().remove(&key).is_some() => {}
+            None => return Err(ShoalError::not_found(format!("shard {}/{} is not on this node", key.0, key.1))),
+        }
         let dir = self.dir(&key);
         blocking(move || {
             std::fs::remove_dir_all(&dir).map_err(|e| ShoalError::internal(format!("removing {}: {e}", dir.display())))?;

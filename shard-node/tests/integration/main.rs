@@ -1,4 +1,5 @@
 //! Integration tests of the shard node over loopback gRPC, one module per
 //! concern (a single test binary keeps link time down).
 
+mod damaged;
 mod moves;

@@ -16,7 +16,7 @@ use tonic::transport::Channel;
 
 const DIM: u32 = 16;
 
-fn rng(test: &str) -> StdRng {
+pub(crate) fn rng(test: &str) -> StdRng {
     let seed = std::env::var("SHOAL_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
     eprintln!("{test}: seed {seed} (SHOAL_TEST_SEED={seed} replays it)");
     StdRng::seed_from_u64(seed)
@@ -24,7 +24,7 @@ fn rng(test: &str) -> StdRng {
 
 /// A node on a free loopback port, with its data and a snapshot store
 /// shared by the nodes of a test under `dir`.
-async fn node(dir: &Path, name: &str, max_message_bytes: usize) -> (RunningShardNode, ShardNodeClient<Channel>) {
+pub(crate) async fn node(dir: &Path, name: &str, max_message_bytes: usize) -> (RunningShardNode, ShardNodeClient<Channel>) {
     let mut cfg = ShardNodeConfig {
         node_id: name.into(),
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -46,7 +46,7 @@ async fn node(dir: &Path, name: &str, max_message_bytes: usize) -> (RunningShard
     (running, client)
 }
 
-fn shard(n: u32) -> Option<v1::ShardId> {
+pub(crate) fn shard(n: u32) -> Option<v1::ShardId> {
     Some(v1::ShardId { collection: "docs".into(), shard: n })
 }
 
@@ -56,11 +56,11 @@ fn spec() -> Option<v1::ShardSpec> {
     spec_of(1)
 }
 
-fn spec_of(shard_count: u32) -> Option<v1::ShardSpec> {
+pub(crate) fn spec_of(shard_count: u32) -> Option<v1::ShardSpec> {
     Some(v1::ShardSpec { dimension: DIM, metric: v1::Metric::Cosine as i32, index: None, shard_count })
 }
 
-fn points(rng: &mut StdRng, ids: std::ops::Range<u64>) -> Vec<v1::Point> {
+pub(crate) fn points(rng: &mut StdRng, ids: std::ops::Range<u64>) -> Vec<v1::Point> {
     ids.map(|id| v1::Point {
         id,
         vector: (0..DIM).map(|_| rng.random_range(-1.0f32..1.0)).collect(),
@@ -69,7 +69,7 @@ fn points(rng: &mut StdRng, ids: std::ops::Range<u64>) -> Vec<v1::Point> {
     .collect()
 }
 
-fn batch(n: u32, source: Option<(&str, u64)>, points: Vec<v1::Point>, deletes: Vec<u64>, epoch: u64) -> v1::ApplyBatchRequest {
+pub(crate) fn batch(n: u32, source: Option<(&str, u64)>, points: Vec<v1::Point>, deletes: Vec<u64>, epoch: u64) -> v1::ApplyBatchRequest {
     v1::ApplyBatchRequest {
         shard: shard(n),
         source: source.map(|(s, offset)| v1::SourceOffset { source: s.into(), offset }),
