@@ -154,7 +154,82 @@ pub fn search_params(k: u32, ef: u32, limits: &Limits) -> Result<u32> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    /// Cases per fuzz property: `SHOAL_FUZZ_CASES` for a soak (docs/fuzzing.md).
+    fn fuzz_cases() -> u32 {
+        std::env::var("SHOAL_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(512)
+    }
+
+    fn hostile_f32() -> impl Strategy<Value = f32> {
+        prop_oneof![
+            4 => -2.0f32..2.0,
+            1 => Just(f32::NAN),
+            1 => Just(f32::INFINITY),
+            1 => Just(f32::MAX),
+            1 => Just(0.0f32),
+            1 => any::<u32>().prop_map(f32::from_bits),
+        ]
+    }
+
+    fn hostile_payload() -> impl Strategy<Value = Option<v1::Payload>> {
+        let json = prop_oneof![
+            "\\PC{0,40}",
+            Just("{\"a\": [1, 2, {\"b\": null}]}".to_owned()),
+            (0usize..200).prop_map(|d| format!("{}{}", "[".repeat(d), "]".repeat(d))),
+            (0usize..200).prop_map(|d| "{\"a\":".repeat(d)),
+        ];
+        prop_oneof![
+            Just(None),
+            json.prop_map(|j| Some(v1::Payload { kind: Some(v1::payload::Kind::Json(j)) })),
+            proptest::collection::vec(any::<u8>(), 0..300).prop_map(|b| Some(v1::Payload { kind: Some(v1::payload::Kind::Binary(b)) })),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: fuzz_cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Whatever a client sends, validation answers (never panics), and
+        /// what it lets through is what the shards can apply: every vector
+        /// of the collection's dimension and finite, every JSON payload
+        /// parseable and shallow enough.
+        #[test]
+        fn fuzz_request_validation(
+            points in proptest::collection::vec(
+                (any::<u64>(), proptest::collection::vec(hostile_f32(), 0..6), hostile_payload()),
+                0..8,
+            ),
+            deletes in proptest::collection::vec(any::<u64>(), 0..4),
+            dim in 1u32..5,
+            metric in prop_oneof![Just(Metric::Cosine), Just(Metric::Dot), Just(Metric::Euclidean)],
+            k in any::<u32>(),
+            ef in any::<u32>(),
+            queries in 0usize..5_000,
+            source_name in "\\PC{0,300}",
+            offset in any::<u64>(),
+        ) {
+            let spec = CollectionSpec { dimension: dim, metric, index: Default::default(), shard_count: 1 };
+            let limits = Limits { max_payload_bytes: 256, ..Limits::default() };
+            let points: Vec<v1::Point> = points.into_iter().map(|(id, vector, payload)| v1::Point { id, vector, payload }).collect();
+            if write(&points, &deletes, &spec, &limits).is_ok() {
+                for p in &points {
+                    prop_assert_eq!(p.vector.len(), dim as usize);
+                    prop_assert!(p.vector.iter().all(|x| x.is_finite()));
+                    if let Some(v1::payload::Kind::Json(j)) = p.payload.as_ref().and_then(|p| p.kind.as_ref()) {
+                        prop_assert!(serde_json::from_str::<serde::de::IgnoredAny>(j).is_ok());
+                        prop_assert!(shoal_proto::json::json_depth(j) <= shoal_proto::json::MAX_JSON_DEPTH);
+                    }
+                }
+            }
+            if let Ok(ef) = search_params(k, ef, &limits) {
+                prop_assert!(k >= 1 && k <= limits.max_k && ef <= limits.max_ef.max(k));
+            }
+            let _ = hits(queries, k, &limits);
+            let _ = source(&v1::SourceOffset { source: source_name, offset }, &limits);
+        }
+    }
 
     fn spec(metric: Metric) -> CollectionSpec {
         CollectionSpec { dimension: 3, metric, index: Default::default(), shard_count: 1 }

@@ -50,3 +50,52 @@ fn environment_overrides_the_file() {
         Ok(())
     });
 }
+
+/// Config files are input from outside too: the example damaged anywhere
+/// (bytes flipped, cut, a line duplicated) and random text either load or
+/// are refused with an error, never a panic, for both sections.
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn cases() -> u32 {
+        std::env::var("SHOAL_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+    }
+
+    fn load(text: &str) {
+        let _ = Figment::from(Serialized::defaults(CoordinatorConfig::default()))
+            .merge(Figment::from(Toml::string(text)).focus("coordinator"))
+            .extract::<CoordinatorConfig>();
+        let _ = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
+            .merge(Figment::from(Toml::string(text)).focus("shard_node"))
+            .extract::<ShardNodeConfig>();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn fuzz_config_files(
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
+            cut in any::<prop::sample::Index>(),
+            dup in any::<prop::sample::Index>(),
+            random in "\\PC{0,200}",
+        ) {
+            let example = std::fs::read(EXAMPLE).unwrap();
+            let mut bytes = example.clone();
+            for (at, b) in flips {
+                let i = at.index(bytes.len());
+                bytes[i] = b;
+            }
+            load(&String::from_utf8_lossy(&bytes));
+            let lines: Vec<&str> = std::str::from_utf8(&example).unwrap().lines().collect();
+            let mut doubled = lines.clone();
+            let d = dup.index(lines.len());
+            doubled.insert(d, lines[d]);
+            load(&doubled.join("\n"));
+            load(&String::from_utf8_lossy(&example[..cut.index(example.len())]));
+            load(&random);
+        }
+    }
+}
