@@ -22,7 +22,7 @@ pub mod tls;
 pub use accept::{ConnectionLimits, accept};
 pub use listener::ListenerConfig;
 pub use rpc_metrics::{RpcMetrics, RpcMetricsLayer};
-pub use shed::ShedLayer;
+pub use shed::{Shed, ShedLayer};
 pub use signal::shutdown_signal;
 pub use telemetry::TelemetryConfig;
 pub use tls::{ClientTls, ServerTls};
