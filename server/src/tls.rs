@@ -138,14 +138,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn https_rewrites_every_form_of_address() {
+    fn tls_https_rewrites_every_form_of_address() {
         assert_eq!(https("127.0.0.1:7701"), "https://127.0.0.1:7701");
         assert_eq!(https("http://10.0.0.7:7701"), "https://10.0.0.7:7701");
         assert_eq!(https("https://node.shoal:7701"), "https://node.shoal:7701");
     }
 
     #[test]
-    fn plain_text_is_refused_off_loopback_unless_insecure() {
+    fn tls_plain_text_is_refused_off_loopback_unless_insecure() {
         let lo: SocketAddr = "127.0.0.1:7700".parse().unwrap();
         let any: SocketAddr = "0.0.0.0:7700".parse().unwrap();
         let lan: SocketAddr = "10.1.2.3:7700".parse().unwrap();
@@ -159,7 +159,7 @@ mod tests {
     }
 
     #[test]
-    fn missing_and_non_pem_files_are_named() {
+    fn tls_missing_and_non_pem_files_are_named() {
         let dir = tempfile::tempdir().unwrap();
         let junk = dir.path().join("junk.pem");
         std::fs::write(&junk, b"not a certificate").unwrap();
