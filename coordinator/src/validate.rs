@@ -89,16 +89,8 @@ pub fn write(points: &[v1::Point], deletes: &[u64], spec: &CollectionSpec, limit
             let len = match kind {
                 v1::payload::Kind::Binary(b) => b.len(),
                 v1::payload::Kind::Json(s) => {
-                    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(s) {
-                        return Err(Error::Invalid(format!("point {i} (id {}): payload is not valid JSON: {e}", p.id)));
-                    }
-                    let depth = shoal_proto::json::json_depth(s);
-                    if depth > shoal_proto::json::MAX_JSON_DEPTH {
-                        return Err(Error::Invalid(format!(
-                            "point {i} (id {}): payload nests {depth} levels deep, more than the limit of {}",
-                            p.id,
-                            shoal_proto::json::MAX_JSON_DEPTH
-                        )));
+                    if let Err(why) = shoal_proto::json::check_payload(s) {
+                        return Err(Error::Invalid(format!("point {i} (id {}): {why}", p.id)));
                     }
                     s.len()
                 }

@@ -24,21 +24,10 @@ pub(crate) fn batch(key: &ShardKey, shard_count: u32, points: &[v1::Point], dele
         if shard_for(p.id, shard_count.max(1)) != shard {
             return Err(foreign(p.id));
         }
-        if let Some(v1::payload::Kind::Json(text)) = p.payload.as_ref().and_then(|p| p.kind.as_ref()) {
-            if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text) {
-                return Err(ShoalError::invalid(format!(
-                    "point {i} (id {}): payload is not valid JSON ({e}): nothing was applied to {collection}/{shard}",
-                    p.id
-                )));
-            }
-            let depth = shoal_proto::json::json_depth(text);
-            if depth > shoal_proto::json::MAX_JSON_DEPTH {
-                return Err(ShoalError::invalid(format!(
-                    "point {i} (id {}): payload nests {depth} levels deep, more than {}: nothing was applied to {collection}/{shard}",
-                    p.id,
-                    shoal_proto::json::MAX_JSON_DEPTH
-                )));
-            }
+        if let Some(v1::payload::Kind::Json(text)) = p.payload.as_ref().and_then(|p| p.kind.as_ref())
+            && let Err(why) = shoal_proto::json::check_payload(text)
+        {
+            return Err(ShoalError::invalid(format!("point {i} (id {}): {why}: nothing was applied to {collection}/{shard}", p.id)));
         }
     }
     if let Some(&id) = deletes.iter().find(|&&id| shard_for(id, shard_count.max(1)) != shard) {

@@ -37,16 +37,14 @@ async fn a_damaged_shard_is_named_and_the_others_serve_until_it_is_restored() {
     let e = c.get_shard_stats(v1::ShardStatsRequest { shard: shard(1) }).await.unwrap_err();
     assert_eq!(e.code(), Code::DataLoss, "{e:?}");
     assert!(e.message().contains("docs/1") && e.message().contains("shard recover"), "{}", e.message());
-    let e = c
-        .search_shard(v1::SearchShardRequest {
-            shard: shard(1),
-            queries: vec![v1::Vector { values: vec![0.1; 16] }],
-            k: 3,
-            ef: 0,
-            with_payload: false,
-        })
-        .await
-        .unwrap_err();
+    let search = || v1::SearchShardRequest {
+        shard: shard(1),
+        queries: vec![v1::Vector { values: vec![0.1; 16] }],
+        k: 3,
+        ef: 0,
+        with_payload: false,
+    };
+    let e = c.search_shard(search()).await.unwrap_err();
     assert_eq!(e.code(), Code::DataLoss);
 
     // Restored from its snapshot, it serves again.
@@ -56,17 +54,7 @@ async fn a_damaged_shard_is_named_and_the_others_serve_until_it_is_restored() {
         .unwrap()
         .into_inner();
     assert_eq!(restored.points, (0..400u64).filter(own(1)).count() as u64);
-    let hits = c
-        .search_shard(v1::SearchShardRequest {
-            shard: shard(1),
-            queries: vec![v1::Vector { values: vec![0.1; 16] }],
-            k: 3,
-            ef: 0,
-            with_payload: false,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let hits = c.search_shard(search()).await.unwrap().into_inner();
     assert_eq!(hits.results[0].hits.len(), 3);
     running.shutdown().await.unwrap();
 }
