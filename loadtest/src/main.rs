@@ -2,6 +2,7 @@
 //! never in timed tests.
 
 mod chaos;
+mod churn;
 mod cluster_bench;
 mod compare;
 mod disk_bench;
@@ -31,6 +32,9 @@ enum Command {
     /// Build an index from .fvecs files; measure recall, QPS, incremental
     /// inserts, disk and memory (same JSON as ../shared/peers).
     IndexBench(index_bench::Args),
+    /// Rounds of upserts, deletes and inserts; recall, QPS, file size and
+    /// tombstones after each, beside a fresh build (issue 22).
+    Churn(churn::Args),
     /// Ingest rate and search latency of the embedded 3-shard cluster.
     ClusterBench(cluster_bench::Args),
     /// Snapshot and restore a shard beside cp / tar|zstd and a rebuild
@@ -81,6 +85,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::IndexBench(a) => index_bench::run(a),
+        Command::Churn(a) => churn::run(a),
         Command::Compare(a) => compare::run(a),
         Command::ClusterBench(a) => cluster_bench::run(a),
         Command::SnapshotBench(a) => snapshot_bench::run(a),

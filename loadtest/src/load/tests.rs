@@ -27,7 +27,8 @@ async fn run(args: &[&str]) -> anyhow::Result<Report> {
         | Command::Hardening(_)
         | Command::OtlpSink(_)
         | Command::Slowfs(_)
-        | Command::Chaos(_) => anyhow::bail!("not a load command"),
+        | Command::Chaos(_)
+        | Command::Churn(_) => anyhow::bail!("not a load command"),
     }
 }
 

@@ -250,6 +250,10 @@ impl SharedTable {
 pub(crate) struct SharedAddrs {
     pub(crate) codes: SharedTable,
     pub(crate) vectors: SharedTable,
+    /// The count of commits that moved frozen pages (`Index::moved`) these
+    /// addresses were gathered under: a reader whose transaction began
+    /// under another count must not use them (see `Session::open`).
+    pub(crate) valid_for: u64,
 }
 
 impl SharedAddrs {
@@ -259,13 +263,16 @@ impl SharedAddrs {
         SharedAddrs {
             codes: SharedTable::with_budget(budget_bytes / 2, codes_lag),
             vectors: SharedTable::with_budget(budget_bytes / 2, vectors_lag),
+            valid_for: 0,
         }
     }
 
-    /// Forgets everything. Callers guarantee no other thread uses the tables.
-    pub(crate) fn clear(&mut self) {
+    /// Forgets everything; what is gathered next is valid for commits
+    /// under `moved`. Callers guarantee no other thread uses the tables.
+    pub(crate) fn clear(&mut self, moved: u64) {
         self.codes.clear();
         self.vectors.clear();
+        self.valid_for = moved;
     }
 
     pub(crate) fn bytes(&self) -> usize {

@@ -26,7 +26,6 @@ compile_error!("shoal stores vectors in little-endian order and reads them in pl
 
 mod batch;
 mod batch_log;
-mod build;
 mod cache;
 mod codec;
 mod copy;

@@ -2,6 +2,7 @@
 //! it fast, reused across searches until the next commit.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use heed::{RoTxn, WithoutTls};
 
@@ -83,28 +84,45 @@ pub(crate) struct Session {
     found: Vec<Scored>,
     pub(crate) state: State,
     pub(crate) generation: u64,
+    /// The count of page-moving commits this transaction began under, if
+    /// it is certain (see [`Session::open`]).
+    moved: Option<u64>,
     /// The link log's index as of this transaction's commit.
     log: Arc<LogIndex>,
     txn: RoTxn<'static, WithoutTls>,
 }
 
 impl Session {
-    pub(crate) fn open(store: &Store, log: &LogVersions, generation: u64, cache_budget: usize) -> Result<Session> {
+    /// Opens a read transaction on the last commit. `moved` counts the
+    /// commits that moved pages holding frozen ids (reused slots); the
+    /// writer raises it before such a commit, so a count that reads the
+    /// same before and after the transaction opened is the one the
+    /// transaction's data belongs to.
+    pub(crate) fn open(store: &Store, log: &LogVersions, generation: u64, moved: &AtomicU64, cache_budget: usize) -> Result<Session> {
+        let before = moved.load(Ordering::SeqCst);
         let ((txn, state), log) = log.pair(store, || {
             let txn = store.env.clone().static_read_txn().map_err(|e| store.err(e))?;
             let state = read_state(store, &txn)?;
             Ok(((txn, state), state.log_epoch))
         })?;
-        Ok(Session { cache: NodeCache::new(cache_budget), scratch: Scratch::new(), found: Vec::new(), state, generation, log, txn })
+        let after = moved.load(Ordering::SeqCst);
+        let moved = (before == after).then_some(before);
+        Ok(Session { cache: NodeCache::new(cache_budget), scratch: Scratch::new(), found: Vec::new(), state, generation, moved, log, txn })
+    }
+
+    /// The shared addresses this transaction may use: only those gathered
+    /// under the same count of page-moving commits.
+    fn frozen<'s>(&self, shared: &'s SharedAddrs) -> Option<Frozen<'s>> {
+        (self.moved == Some(shared.valid_for)).then(|| Frozen::new(shared, self.state.next_id))
     }
 
     fn view<'s>(&'s mut self, store: &'s Store, shared: &'s SharedAddrs, params: &IndexParams) -> TxnView<'s> {
-        let frozen = Frozen::new(shared, self.state.next_id);
+        let frozen = self.frozen(shared);
         // SAFETY: `self.cache` only ever receives pointers read through
         // `self.txn`: it is created with the session and never shared; and
         // `frozen` is derived from the state this txn reads, `log` was paired
         // with it when the session opened.
-        unsafe { TxnView::new(&self.txn, store, &mut self.cache, Some(frozen), &self.log, params) }
+        unsafe { TxnView::new(&self.txn, store, &mut self.cache, frozen, &self.log, params) }
     }
 
     /// Searches with a prepared (validated, normalised) query, until done
@@ -130,12 +148,12 @@ impl Session {
         // many tombstones a longer list would only be filled by visiting
         // every node.
         let ef = sp.ef.max(sp.k).min(self.state.live.max(1) as usize);
-        let frozen = Frozen::new(shared, self.state.next_id);
+        let frozen = self.frozen(shared);
         let Session { cache, scratch, found, txn, log, .. } = self;
         // SAFETY: `cache` only ever receives pointers read through `txn`: it
         // is created with the session and never shared; `frozen` is derived
         // from the state this txn reads, `log` was paired with it.
-        let mut view = unsafe { TxnView::new(txn, store, cache, Some(frozen), log, params) };
+        let mut view = unsafe { TxnView::new(txn, store, cache, frozen, log, params) };
         let code = OwnedCode::new(query);
         let qc = code.code();
         // A search's candidates are its answer, so it walks at full

@@ -39,11 +39,14 @@ pub(crate) struct Dbs {
     /// sequence number (BE u64) → one applied batch (`batch_log`), the
     /// newest ones within the retention.
     pub(crate) batch_log: Db,
+    /// internal id → nothing: every retired id (tombstone), the ids a
+    /// later batch may reuse for new points (see `index::writer`).
+    pub(crate) retired: Db,
 }
 
 /// The databases of an index, in the order of [`Dbs`]'s fields.
-const DB_NAMES: [&str; 11] =
-    ["meta", "vectors", "codes", "links0", "links0_log", "links_up", "nodes", "external", "payloads", "offsets", "batch_log"];
+const DB_NAMES: [&str; 12] =
+    ["meta", "vectors", "codes", "links0", "links0_log", "links_up", "nodes", "external", "payloads", "offsets", "batch_log", "retired"];
 
 /// How the environment is opened.
 #[derive(Clone, Debug)]
@@ -104,7 +107,7 @@ impl Store {
                 let open = |name: &'static str| {
                     // Created on first open by a build that has it: an
                     // index written before it starts with an empty log.
-                    if fresh || name == "batch_log" {
+                    if fresh || name == "batch_log" || name == "retired" {
                         dbo.create_database::<Bytes, Bytes>(wtxn, Some(name)).map(Some)
                     } else {
                         dbo.open_database::<Bytes, Bytes>(wtxn, Some(name))
@@ -122,13 +125,13 @@ impl Store {
             })?;
             dbs.push(db);
         }
-        let [meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets, batch_log] = dbs[..] else {
+        let [meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets, batch_log, retired] = dbs[..] else {
             unreachable!("one database per name");
         };
         let page = env.read_txn().ok().and_then(|t| meta.stat(&t).ok()).map_or(page, |s| u64::from(s.page_size));
         Ok(Store {
             env,
-            dbs: Dbs { meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets, batch_log },
+            dbs: Dbs { meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets, batch_log, retired },
             path: path.to_owned(),
             max_map_size: opts.max_map_size,
             page,

@@ -111,6 +111,11 @@ pub(crate) struct Frozen<'a> {
     /// uncommitted transaction sees these ids in the map.
     codes_below: u32,
     vectors_below: u32,
+    /// Code blocks below `codes_below` that the write transaction rewrote
+    /// (ids it reuses), ascending: read through the transaction, never
+    /// shared, because their committed pages hold the old codes and the
+    /// transaction's copies die with it.
+    dirty_codes: &'a [u32],
 }
 
 impl<'a> Frozen<'a> {
@@ -120,7 +125,19 @@ impl<'a> Frozen<'a> {
             shared,
             codes_below: next_id.saturating_sub(shared.codes.lag()),
             vectors_below: next_id.saturating_sub(shared.vectors.lag()),
+            dirty_codes: &[],
         }
+    }
+
+    /// The same, with the code blocks a write transaction rewrote below
+    /// the frozen bound (ascending).
+    pub(crate) fn with_dirty_codes(self, dirty_codes: &'a [u32]) -> Self {
+        Frozen { dirty_codes, ..self }
+    }
+
+    #[inline]
+    fn shares_code_block(&self, id: u32, block: u32) -> bool {
+        id < self.codes_below && (self.dirty_codes.is_empty() || self.dirty_codes.binary_search(&block).is_err())
     }
 }
 
@@ -219,7 +236,7 @@ impl<'t> TxnView<'t> {
     fn code_ptr(&mut self, id: u32) -> Result<*const u8> {
         let (block, slot) = (id / self.codes_block, id % self.codes_block);
         let offset = slot as usize * self.code_bytes;
-        let frozen = self.frozen.filter(|f| id < f.codes_below);
+        let frozen = self.frozen.filter(|f| f.shares_code_block(id, block));
         if let Some(f) = frozen {
             let addr = f.shared.codes.get(block);
             if addr != 0 {

@@ -1,7 +1,10 @@
 //! The HNSW algorithms, written against the [`crate::view::Graph`] trait so
 //! the same code runs on committed snapshots and on a batch being built.
 
+pub(crate) mod build;
+mod insert;
 mod level;
+mod repair;
 mod search;
 mod select;
 

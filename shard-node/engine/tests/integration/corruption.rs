@@ -47,7 +47,8 @@ fn cases() -> u64 {
 fn build(dir: &Path) {
     let mut rng = StdRng::seed_from_u64(23);
     // Folded only past 100k lists, so the log still holds values at the end.
-    let opts = IndexOptions { link_log: LinkLog::Always { fold_lists: 100_000 }, ..test_options() };
+    // Retired ids are not reused, so the damaged file holds tombstones.
+    let opts = IndexOptions { link_log: LinkLog::Always { fold_lists: 100_000 }, reuse_retired: false, ..test_options() };
     let index = Index::open_or_create(dir, IndexParams::new(DIM as u32, Metric::Euclidean), opts).expect("create index");
     // The last batches are small: a batch that changes more lists than
     // the index has nodes folds the log instead of appending to it.

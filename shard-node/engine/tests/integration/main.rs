@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod batch_log;
+mod churn;
 mod cold_pages;
 mod common;
 mod concurrency;

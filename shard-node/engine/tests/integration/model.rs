@@ -137,12 +137,13 @@ fn link_log() -> impl Strategy<Value = LinkLog> {
     prop_oneof![Just(LinkLog::Off), Just(LinkLog::default()), (1usize..300).prop_map(|fold_lists| LinkLog::Always { fold_lists }),]
 }
 
-fn check(metric: Metric, link_log: LinkLog, history: History, queries: Vec<Vec<f32>>) {
+fn check(metric: Metric, link_log: LinkLog, reuse_retired: bool, history: History, queries: Vec<Vec<f32>>) {
     let dim = queries.first().map_or(DIM, Vec::len);
-    let opts = IndexOptions { link_log, ..test_options() };
+    let opts = IndexOptions { link_log, reuse_retired, ..test_options() };
     let mut fx = Fixture::with(IndexParams::new(dim as u32, metric), opts.clone());
     let mut points = BTreeMap::new();
     let mut offset = None;
+    let mut stats_before: Option<(u64, u64)> = None;
     for (step, (ops, batch_offset)) in history.iter().enumerate() {
         // Half-way, the index restarts: what it knows of the link log must
         // come back from the file.
@@ -156,8 +157,20 @@ fn check(metric: Metric, link_log: LinkLog, history: History, queries: Vec<Vec<f
             (Err(Error::Invalid(g)), Err(w)) => assert_eq!(g, w, "step {step}"),
             _ => panic!("step {step}: got {got:?}, model says {want:?}"),
         }
+        let before = stats_before.take();
         let stats = fx.index.stats().unwrap();
         assert_eq!(stats.live, points.len() as u64, "step {step}: live count");
+        // With reuse, a batch's new points fill retired slots before any
+        // new id is taken: the node count grows only past the tombstones
+        // (all but the entry point, which is never reused).
+        if let (true, Some((nodes, tombstones)), Ok(BatchOutcome::Applied { upserted, .. })) = (reuse_retired, before, &got) {
+            let now = stats.live + stats.tombstones;
+            assert!(
+                now <= nodes + (*upserted as u64).saturating_sub(tombstones.saturating_sub(1)),
+                "step {step}: {now} nodes after {nodes} with {tombstones} tombstones and {upserted} upserts"
+            );
+        }
+        stats_before = Some((stats.live + stats.tombstones, stats.tombstones));
         assert_eq!(fx.index.offset("model").unwrap(), offset, "step {step}: offset");
 
         let model: Vec<(u64, Vec<f32>)> = points.iter().map(|(id, (v, _))| (*id, v.clone())).collect();
@@ -190,8 +203,9 @@ proptest! {
         history in batches(),
         queries in proptest::collection::vec(vector(), 3),
         log in link_log(),
+        reuse in any::<bool>(),
     ) {
-        check(Metric::Cosine, log, history, queries);
+        check(Metric::Cosine, log, reuse, history, queries);
     }
 
     #[test]
@@ -199,8 +213,9 @@ proptest! {
         history in batches(),
         queries in proptest::collection::vec(vector(), 3),
         log in link_log(),
+        reuse in any::<bool>(),
     ) {
-        check(Metric::Euclidean, log, history, queries);
+        check(Metric::Euclidean, log, reuse, history, queries);
     }
 
     #[test]
@@ -208,8 +223,9 @@ proptest! {
         history in batches(),
         queries in proptest::collection::vec(vector(), 3),
         log in link_log(),
+        reuse in any::<bool>(),
     ) {
-        check(Metric::Dot, log, history, queries);
+        check(Metric::Dot, log, reuse, history, queries);
     }
 }
 
@@ -222,9 +238,10 @@ proptest! {
         queries in proptest::collection::vec(vector(), 3),
         metric in prop_oneof![Just(Metric::Cosine), Just(Metric::Euclidean), Just(Metric::Dot)],
         log in link_log(),
+        reuse in any::<bool>(),
     ) {
         let (history, queries) = widen(history, queries, 100);
-        check(metric, log, history, queries);
+        check(metric, log, reuse, history, queries);
     }
 }
 

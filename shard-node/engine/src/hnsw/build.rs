@@ -18,29 +18,33 @@ use parking_lot::{Mutex, MutexGuard, RawMutex, lock_api::ArcMutexGuard};
 use rustc_hash::FxBuildHasher;
 
 use crate::error::{Error, Result};
-use crate::hnsw::{Scored, Scratch, greedy_closest, prefetch_codes, search_layer, select_neighbours};
+use crate::hnsw::{Scored, Scratch};
 use crate::links_log::LogIndex;
 use crate::params::IndexParams;
-use crate::quant::{Code, Precision, Walk};
-use crate::stop::Stop;
+use crate::quant::Code;
 use crate::store::Store;
 use crate::view::{Frozen, Graph, NodeCache, TxnView};
 
 /// Link lists changed by the batch, held in memory until the readers close.
 pub(crate) struct Overlay {
-    first_new: u32,
-    levels: Vec<u8>,
+    pub(super) first_new: u32,
+    /// Retired ids the batch gives to new points, ascending. New nodes are
+    /// these, then `first_new..`; `levels` and `new_links` follow that order.
+    pub(super) reused: Vec<u32>,
+    /// One bit per id below `first_new`: set for the reused ones.
+    pub(super) reused_bits: Vec<u64>,
+    pub(super) levels: Vec<u8>,
     /// New nodes: one list per level they live on.
-    new_links: Vec<Box<[Mutex<Vec<u32>>]>>,
+    pub(super) new_links: Vec<Box<[Mutex<Vec<u32>>]>>,
     /// Lists of existing nodes that the batch changed, keyed (level, id).
-    touched: DashMap<(u8, u32), Arc<Mutex<Vec<u32>>>, FxBuildHasher>,
+    pub(super) touched: DashMap<(u8, u32), Arc<Mutex<Vec<u32>>>, FxBuildHasher>,
     /// One bit per existing id: set once any of its lists is in `touched`,
     /// so reads of untouched nodes skip the map.
-    touched_bits: Vec<AtomicU64>,
+    pub(super) touched_bits: Vec<AtomicU64>,
 }
 
 /// A lock on one link list, new or existing.
-enum ListGuard<'o> {
+pub(super) enum ListGuard<'o> {
     New(MutexGuard<'o, Vec<u32>>),
     Touched(ArcMutexGuard<RawMutex, Vec<u32>>),
 }
@@ -65,11 +69,19 @@ impl std::ops::DerefMut for ListGuard<'_> {
 }
 
 impl Overlay {
-    pub(crate) fn new(first_new: u32, levels: Vec<u8>) -> Self {
+    /// The overlay of a batch whose new nodes are `reused` (ascending, all
+    /// below `first_new`) and then `first_new..`, with `levels` in that order.
+    pub(crate) fn new(first_new: u32, reused: Vec<u32>, levels: Vec<u8>) -> Self {
         let new_links = levels.iter().map(|&l| (0..=l).map(|_| Mutex::new(Vec::new())).collect::<Box<[_]>>()).collect();
         let words = (first_new as usize).div_ceil(64);
+        let mut reused_bits = vec![0u64; if reused.is_empty() { 0 } else { words }];
+        for &id in &reused {
+            reused_bits[id as usize / 64] |= 1 << (id % 64);
+        }
         Overlay {
             first_new,
+            reused,
+            reused_bits,
             levels,
             new_links,
             touched: DashMap::with_hasher(FxBuildHasher),
@@ -77,30 +89,49 @@ impl Overlay {
         }
     }
 
-    fn is_new(&self, id: u32) -> bool {
-        id >= self.first_new
+    #[inline]
+    pub(super) fn is_new(&self, id: u32) -> bool {
+        id >= self.first_new || self.reused_bits.get(id as usize / 64).is_some_and(|w| w & (1 << (id % 64)) != 0)
+    }
+
+    /// Where new node `id` is in the batch's order (None: not new).
+    fn slot_of_new(&self, id: u32) -> Option<usize> {
+        if id >= self.first_new {
+            return Some(self.reused.len() + (id - self.first_new) as usize);
+        }
+        self.reused.binary_search(&id).ok()
+    }
+
+    /// The id of the batch's `i`-th new node.
+    pub(crate) fn new_id(&self, i: usize) -> u32 {
+        match self.reused.get(i) {
+            Some(&id) => id,
+            None => self.first_new + (i - self.reused.len()) as u32,
+        }
     }
 
     pub(crate) fn level_of_new(&self, id: u32) -> u8 {
-        self.levels.get((id - self.first_new) as usize).copied().unwrap_or(0)
+        self.slot_of_new(id).and_then(|i| self.levels.get(i)).copied().unwrap_or(0)
     }
 
     /// The list of new node `id` on `level`. An id past the batch or a level
     /// above the node's can only come from a corrupt link list.
-    fn new_list(&self, store: &Store, id: u32, level: u8) -> Result<&Mutex<Vec<u32>>> {
-        self.new_links.get((id - self.first_new) as usize).and_then(|levels| levels.get(level as usize)).ok_or_else(|| Error::Corrupt {
-            path: store.path.clone(),
-            detail: format!("a link list names node {id} on level {level}, which does not exist"),
+    pub(super) fn new_list(&self, store: &Store, id: u32, level: u8) -> Result<&Mutex<Vec<u32>>> {
+        self.slot_of_new(id).and_then(|i| self.new_links.get(i)).and_then(|levels| levels.get(level as usize)).ok_or_else(|| {
+            Error::Corrupt {
+                path: store.path.clone(),
+                detail: format!("a link list names node {id} on level {level}, which does not exist"),
+            }
         })
     }
 
-    fn bit(&self, id: u32) -> (&AtomicU64, u64) {
+    pub(super) fn bit(&self, id: u32) -> (&AtomicU64, u64) {
         (&self.touched_bits[id as usize / 64], 1u64 << (id % 64))
     }
 
     /// Locks the list of `id` on `level` for modification, loading an
     /// existing node's list from `base` on first touch.
-    fn list_mut<'o>(&'o self, base: &mut TxnView<'_>, id: u32, level: u8) -> Result<ListGuard<'o>> {
+    pub(super) fn list_mut<'o>(&'o self, base: &mut TxnView<'_>, id: u32, level: u8) -> Result<ListGuard<'o>> {
         if self.is_new(id) {
             return Ok(ListGuard::New(self.new_list(base.store(), id, level)?.lock()));
         }
@@ -132,26 +163,38 @@ impl Overlay {
             })
             .collect();
         touched.sort_unstable_by_key(|(k, _)| *k);
-        LinkChanges { first_new: self.first_new, new, touched }
+        LinkChanges { first_new: self.first_new, reused: self.reused, new, touched }
     }
 }
 
 /// The link lists to write: every new node's, and the changed existing ones.
 pub(crate) struct LinkChanges {
     pub(crate) first_new: u32,
-    /// Per new node (in id order), per level.
+    /// The reused ids, the first new nodes (see [`Overlay`]).
+    pub(crate) reused: Vec<u32>,
+    /// Per new node (reused ids, then `first_new..`), per level.
     pub(crate) new: Vec<Vec<Vec<u32>>>,
     /// Changed lists of existing nodes, sorted by (level, id).
     pub(crate) touched: Vec<((u8, u32), Vec<u32>)>,
 }
 
+impl LinkChanges {
+    /// The id of the `i`-th new node.
+    pub(crate) fn new_id(&self, i: usize) -> u32 {
+        match self.reused.get(i) {
+            Some(&id) => id,
+            None => self.first_new + (i - self.reused.len()) as u32,
+        }
+    }
+}
+
 /// The graph as a builder thread sees it: committed and uncommitted data
 /// through its nested reader, link changes through the overlay.
 pub(crate) struct BuildView<'t> {
-    base: TxnView<'t>,
-    overlay: &'t Overlay,
-    link_blocks: &'t LinkBlocks,
-    has_tombstones: bool,
+    pub(super) base: TxnView<'t>,
+    pub(super) overlay: &'t Overlay,
+    pub(super) link_blocks: &'t LinkBlocks,
+    pub(super) has_tombstones: bool,
 }
 
 impl<'t> Graph<'t> for BuildView<'t> {
@@ -218,8 +261,8 @@ impl<'t> Graph<'t> for BuildView<'t> {
 /// them, and each block is looked up once per batch instead of once per
 /// thread.
 pub(crate) struct LinkBlocks {
-    per_block: u32,
-    blocks: Box<[AtomicUsize]>,
+    pub(super) per_block: u32,
+    pub(super) blocks: Box<[AtomicUsize]>,
 }
 
 impl LinkBlocks {
@@ -233,7 +276,7 @@ impl LinkBlocks {
     /// The start of the block holding `id`'s list, through `view` the
     /// first time any thread asks for it.
     #[inline]
-    fn get(&self, view: &mut TxnView<'_>, id: u32) -> Result<*const u8> {
+    pub(super) fn get(&self, view: &mut TxnView<'_>, id: u32) -> Result<*const u8> {
         let Some(slot) = self.blocks.get((id / self.per_block) as usize) else {
             return view.links0_block_ptr(id);
         };
@@ -249,7 +292,7 @@ impl LinkBlocks {
     /// The start of the block holding `id`'s list, if a thread looked it
     /// up already.
     #[inline]
-    fn known(&self, id: u32) -> Option<*const u8> {
+    pub(super) fn known(&self, id: u32) -> Option<*const u8> {
         let addr = self.blocks.get((id / self.per_block) as usize)?.load(Ordering::Relaxed);
         (addr != 0).then_some(addr as *const u8)
     }
@@ -268,27 +311,27 @@ pub(crate) struct BuildCtx<'a> {
     /// Per-thread pointer cache budget.
     pub(crate) cache_budget: usize,
     /// Vector addresses shared across threads and transactions.
-    pub(crate) frozen: Frozen<'a>,
+    pub(crate) frozen: Option<Frozen<'a>>,
     /// The link log as the write transaction found it.
     pub(crate) log: &'a LogIndex,
 }
 
 /// One builder thread's reusable buffers.
 pub(crate) struct Worker {
-    scratch: Scratch,
-    found: Vec<Scored>,
-    entry: Vec<Scored>,
-    cands: Vec<Scored>,
-    chosen: Vec<u32>,
-    pruned: Vec<u32>,
+    pub(super) scratch: Scratch,
+    pub(super) found: Vec<Scored>,
+    pub(super) entry: Vec<Scored>,
+    pub(super) cands: Vec<Scored>,
+    pub(super) chosen: Vec<u32>,
+    pub(super) pruned: Vec<u32>,
     /// Back links a new node owes, (level, neighbour and its distance).
-    back: Vec<(u8, Scored)>,
-    links: Vec<u32>,
-    other: Vec<u32>,
+    pub(super) back: Vec<(u8, Scored)>,
+    pub(super) links: Vec<u32>,
+    pub(super) other: Vec<u32>,
 }
 
 impl Worker {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Worker {
             scratch: Scratch::new(),
             found: Vec::new(),
@@ -325,7 +368,7 @@ impl BuildCtx<'_> {
             // SAFETY: the cache is new, so it holds no pointer of another txn.
             // `frozen` and `log` describe the committed state the write txn
             // started from.
-            let base = unsafe { TxnView::new(&reader, self.store, &mut cache, Some(self.frozen), self.log, self.params) };
+            let base = unsafe { TxnView::new(&reader, self.store, &mut cache, self.frozen, self.log, self.params) };
             let mut view = BuildView { base, overlay: self.overlay, link_blocks: self.link_blocks, has_tombstones: self.has_tombstones };
             let mut worker = Worker::new();
             while !failed.load(Ordering::Relaxed) {
@@ -362,206 +405,12 @@ impl BuildCtx<'_> {
             None => Ok(()),
         }
     }
-
-    /// Links new node `node` into the graph, starting from `entry`.
-    pub(crate) fn insert(&self, view: &mut BuildView<'_>, w: &mut Worker, node: u32, entry: (u32, u8)) -> Result<()> {
-        let metric = self.params.metric;
-        let query = view.code(node)?;
-        let level = self.overlay.level_of_new(node);
-        let (entry_id, top) = entry;
-        // The walk only gathers candidates; they are re-scored in full
-        // before any link is chosen, so it can read half of each code.
-        let walk = Walk::coarse(metric);
-        let full = Walk::full(metric);
-        let mut best = Scored { dist: walk.distance(query, view.code(entry_id)?), id: entry_id };
-        // Linking a batch is never stopped half-way.
-        let never = Stop::never();
-        for l in (level.saturating_add(1)..=top).rev() {
-            best = greedy_closest(view, &mut w.scratch, walk, query, best, l, &never)?;
-        }
-        // Never longer than the live point count: with mostly tombstones,
-        // a longer list could only be filled by visiting every node.
-        let ef = (self.params.ef_construction as usize).max(self.params.m as usize).min(self.live.max(1) as usize);
-        w.entry.clear();
-        w.entry.push(best);
-        w.back.clear();
-        for l in (0..=level.min(top)).rev() {
-            search_layer(view, &mut w.scratch, walk, query, &w.entry, ef, l, self.has_tombstones, &mut w.found, &never)?;
-            w.found.retain(|s| s.id != node);
-            if w.found.is_empty() && self.has_tombstones {
-                // Every node this search reached is retired: link to them
-                // anyway (as hnswlib links to a deleted entry point), or the
-                // new node would be unreachable. Pruning drops those links
-                // later, once live neighbours exist.
-                search_layer(view, &mut w.scratch, walk, query, &w.entry, ef, l, false, &mut w.found, &never)?;
-                w.found.retain(|s| s.id != node);
-            }
-            // Re-score the candidates in full: links are chosen (and later
-            // pruned) on full-precision distances only.
-            w.links.clear();
-            w.links.extend(w.found.iter().map(|s| s.id));
-            prefetch_codes(view, &w.links, full.bytes(query.dim()))?;
-            w.cands.clear();
-            for s in &w.found {
-                w.cands.push(Scored { dist: metric.code_distance(query, view.code(s.id)?), id: s.id });
-            }
-            w.cands.sort_unstable();
-            // As in hnswlib, a new node takes M links on every layer; M0 is
-            // the room existing bottom-layer nodes have for back links.
-            select_neighbours(view, full, &w.cands, self.params.m as usize, &mut w.chosen)?;
-            self.set_own_links(view, w, node, l)?;
-            for &n in &w.chosen {
-                let d = w.cands.iter().find(|s| s.id == n).map_or(f32::INFINITY, |s| s.dist);
-                w.back.push((l, Scored { dist: d, id: n }));
-            }
-            if !w.found.is_empty() {
-                std::mem::swap(&mut w.entry, &mut w.found);
-            }
-        }
-        // Only now, with its own lists set on every level, does the node
-        // become reachable: a search that found it on an upper layer and
-        // descended would otherwise meet its still empty lower lists, and
-        // two new nodes could link only to each other (hnswlib prevents the
-        // same by holding the node's lock for its whole insertion).
-        for i in 0..w.back.len() {
-            let (l, s) = w.back[i];
-            self.add_back_link(view, w, s.id, node, l, s.dist)?;
-        }
-        Ok(())
-    }
-
-    /// Sets the list of new node `node` on `level` to `w.chosen`. Another
-    /// thread may already have linked back to `node` here (it can reach
-    /// `node` through an upper layer before `node` reaches this one); those
-    /// links are kept, or the other node could become unreachable.
-    fn set_own_links(&self, view: &mut BuildView<'_>, w: &mut Worker, node: u32, level: u8) -> Result<()> {
-        let mut own = self.overlay.list_mut(&mut view.base, node, level)?;
-        if own.is_empty() {
-            own.extend_from_slice(&w.chosen);
-            return Ok(());
-        }
-        for &c in &w.chosen {
-            if !own.contains(&c) {
-                own.push(c);
-            }
-        }
-        let cap = self.params.max_links(level);
-        if own.len() > cap {
-            let metric = self.params.metric;
-            let v = view.code(node)?;
-            w.cands.clear();
-            for &x in own.iter() {
-                w.cands.push(Scored { dist: metric.code_distance(v, view.code(x)?), id: x });
-            }
-            w.cands.sort_unstable();
-            select_neighbours(view, Walk::full(metric), &w.cands, cap, &mut w.pruned)?;
-            own.clear();
-            own.extend_from_slice(&w.pruned);
-        }
-        Ok(())
-    }
-
-    /// Adds `new` to the list of `n` on `level`; a full list is pruned with
-    /// the selection heuristic, dropping tombstones on the way.
-    fn add_back_link(&self, view: &mut BuildView<'_>, w: &mut Worker, n: u32, new: u32, level: u8, dist: f32) -> Result<()> {
-        let cap = self.params.max_links(level);
-        let metric = self.params.metric;
-        let mut list = self.overlay.list_mut(&mut view.base, n, level)?;
-        if list.contains(&new) {
-            return Ok(());
-        }
-        if list.len() < cap {
-            list.push(new);
-            return Ok(());
-        }
-        let vn = view.code(n)?;
-        // Pruning decides which links a node keeps: full precision (coarse
-        // pruning measured 0.01 lower recall at ef=16 for no clear gain).
-        let prune = Walk::full(metric);
-        // Start loading every member's code before the first distance waits
-        // for one: at 100k points most of them miss the CPU caches, and one
-        // after the other they would cost a full memory latency each.
-        prefetch_codes(view, &list[..], prune.bytes(vn.dim()))?;
-        w.cands.clear();
-        w.cands.push(Scored { dist, id: new });
-        for &x in list.iter() {
-            if !view.is_tombstone(x)? {
-                w.cands.push(Scored { dist: prune.distance(vn, view.code(x)?), id: x });
-            }
-        }
-        w.cands.sort_unstable();
-        select_neighbours(view, prune, &w.cands, cap, &mut w.pruned)?;
-        list.clear();
-        list.extend_from_slice(&w.pruned);
-        Ok(())
-    }
-
-    /// Repairs the graph around retired node `dead`, reading only the lists
-    /// of `dead` and of its neighbours: no scan for in-links.
-    ///
-    /// For each live neighbour `x` of `dead`: if `x` links to `dead`, its
-    /// list is rebuilt from its other links plus `dead`'s neighbours (the
-    /// heuristic keeps the diverse ones); and `x` receives a link from the
-    /// closest of `dead`'s other live neighbours, because `dead` may have
-    /// been its only way in. Nodes that link to `dead` without `dead`
-    /// linking back keep routing through it (a retired node keeps its
-    /// vector and links) until their list is next pruned.
-    pub(crate) fn repair(&self, view: &mut BuildView<'_>, w: &mut Worker, dead: u32) -> Result<()> {
-        let metric = self.params.metric;
-        let level = view.base.node(dead)?.level;
-        for l in 0..=level {
-            view.links(dead, l, &mut w.links)?;
-            let mut live = std::mem::take(&mut w.other);
-            live.clear();
-            for &x in &w.links {
-                if x != dead && !view.is_tombstone(x)? {
-                    live.push(x);
-                }
-            }
-            // Every live neighbour's code is read for every other one below.
-            prefetch_codes(view, &live, Precision::Full.bytes(self.params.dim as usize))?;
-            let cap = self.params.max_links(l);
-            for i in 0..live.len() {
-                let x = live[i];
-                let vx = view.code(x)?;
-                {
-                    let mut list = self.overlay.list_mut(&mut view.base, x, l)?;
-                    if list.contains(&dead) {
-                        w.cands.clear();
-                        for &y in list.iter().chain(live.iter()) {
-                            if y != dead && y != x && !w.cands.iter().any(|c| c.id == y) && !view.is_tombstone(y)? {
-                                w.cands.push(Scored { dist: metric.code_distance(vx, view.code(y)?), id: y });
-                            }
-                        }
-                        w.cands.sort_unstable();
-                        select_neighbours(view, Walk::full(metric), &w.cands, cap, &mut w.pruned)?;
-                        list.clear();
-                        list.extend_from_slice(&w.pruned);
-                    }
-                }
-                let mut closest: Option<Scored> = None;
-                for &y in &live {
-                    if y != x {
-                        let d = metric.code_distance(vx, view.code(y)?);
-                        if closest.is_none_or(|c| d < c.dist) {
-                            closest = Some(Scored { dist: d, id: y });
-                        }
-                    }
-                }
-                if let Some(c) = closest {
-                    self.add_back_link(view, w, c.id, x, l, c.dist)?;
-                }
-            }
-            w.other = live;
-        }
-        Ok(())
-    }
 }
 
 /// Hands out item indices `0..len` to threads.
 pub(crate) struct WorkQueue {
-    next: AtomicUsize,
-    len: usize,
+    pub(super) next: AtomicUsize,
+    pub(super) len: usize,
 }
 
 impl WorkQueue {

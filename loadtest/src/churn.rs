@@ -1,0 +1,463 @@
+//! `churn`: how an index holds up when its points are edited, deleted and
+//! added round after round (issue 22). A sibling of `index-bench` with the
+//! same flags and JSON conventions.
+//!
+//! It starts from the first `--limit` base vectors, then runs `--rounds`
+//! rounds; each deletes `--delete-frac` of the live points, upserts
+//! `--upsert-frac` of them with an edited vector (the point's own base
+//! vector mixed 0.8 / 0.2 with another, as a re-embedded edited text lands
+//! near the old one) and inserts `--insert-frac` new points (mixtures of two
+//! random base vectors, so they are new and not copies). After each round it
+//! measures recall@k at `--ef` against exact search over the live set,
+//! single-thread QPS, the file's size and tombstones, and the same for a
+//! fresh build of the same live set.
+//!
+//! `--plan-out` writes the rounds as JSON lines, which
+//! `loadtest/peers/churn_hnswlib.py` replays on hnswlib (format in
+//! loadtest/peers/README.md).
+
+use std::collections::HashSet;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+use serde_json::json;
+use shoal_engine::{Batch, Index, IndexOptions, IndexParams, Metric, Op, Point, SearchParams};
+
+use crate::fvecs::VecFile;
+
+/// Flags of `churn`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    /// Base vectors (.fvecs); cosine, each row a unit vector or not.
+    #[arg(long)]
+    base: PathBuf,
+    /// Query vectors (.fvecs).
+    #[arg(long)]
+    query: PathBuf,
+    /// Points at the start (the first N base rows).
+    #[arg(long, default_value_t = 100_000)]
+    limit: usize,
+    #[arg(long, default_value_t = 30)]
+    rounds: usize,
+    /// Share of the live points upserted with an edited vector per round.
+    #[arg(long, default_value_t = 0.10)]
+    upsert_frac: f64,
+    /// Share of the live points deleted per round.
+    #[arg(long, default_value_t = 0.03)]
+    delete_frac: f64,
+    /// New points per round, as a share of the live points.
+    #[arg(long, default_value_t = 0.03)]
+    insert_frac: f64,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    #[arg(long, default_value_t = 16)]
+    m: u16,
+    #[arg(long, default_value_t = 100)]
+    ef_construction: u32,
+    /// Build threads (the calling thread included).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Search ef of the measurements.
+    #[arg(long, default_value_t = 64)]
+    ef: usize,
+    #[arg(long, default_value_t = 10)]
+    k: usize,
+    /// Queries per measurement.
+    #[arg(long, default_value_t = 1000)]
+    queries: usize,
+    /// Operations per batch when a round is applied (and per batch of the
+    /// builds).
+    #[arg(long, default_value_t = 10_000)]
+    batch_size: usize,
+    /// Measure the fresh build only every K rounds (and on the last).
+    #[arg(long, default_value_t = 1)]
+    fresh_every: usize,
+    /// Keep retired nodes as tombstones instead of reusing their slots
+    /// (the engine's behaviour before issue 22, for comparison).
+    #[arg(long)]
+    no_reuse: bool,
+    /// Directory for the index environments (default: the system temp dir).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the rounds' operations here (JSON lines) for the peers.
+    #[arg(long)]
+    plan_out: Option<PathBuf>,
+}
+
+/// How a point's vector is made: normalise(w·base[a] + (1−w)·base[b]).
+#[derive(Clone, Copy, Debug)]
+struct Recipe {
+    a: usize,
+    b: usize,
+    w: f32,
+}
+
+impl Recipe {
+    fn row(a: usize) -> Self {
+        Recipe { a, b: a, w: 1.0 }
+    }
+
+    fn vector(&self, base: &VecFile) -> Result<Vec<f32>> {
+        let mut v = base.f32_row(self.a)?;
+        normalise(&mut v);
+        if self.w < 1.0 {
+            let mut b = base.f32_row(self.b)?;
+            normalise(&mut b);
+            v.iter_mut().zip(&b).for_each(|(x, y)| *x = self.w * *x + (1.0 - self.w) * y);
+            normalise(&mut v);
+        }
+        Ok(v)
+    }
+}
+
+fn normalise(v: &mut [f32]) {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x /= norm);
+    }
+}
+
+/// One round's operations.
+struct Round {
+    deletes: Vec<u64>,
+    upserts: Vec<(u64, Recipe)>,
+    inserts: Vec<(u64, Recipe)>,
+}
+
+/// The live set: each id's recipe and its original base row.
+struct Live {
+    ids: Vec<u64>,
+    recipe: std::collections::HashMap<u64, (Recipe, usize)>,
+    next_id: u64,
+}
+
+impl Live {
+    fn plan(&mut self, rng: &mut StdRng, a: &Args, rows: usize) -> Round {
+        let n = self.ids.len();
+        let count = |frac: f64| ((n as f64) * frac).round() as usize;
+        self.ids.shuffle(rng);
+        let (nd, nu) = (count(a.delete_frac).min(n), count(a.upsert_frac));
+        let nu = nu.min(n - nd);
+        let deletes: Vec<u64> = self.ids[..nd].to_vec();
+        let upserts: Vec<(u64, Recipe)> = self.ids[nd..nd + nu]
+            .iter()
+            .map(|&id| {
+                let origin = self.recipe[&id].1;
+                (id, Recipe { a: origin, b: rng.random_range(0..rows), w: 0.8 })
+            })
+            .collect();
+        let inserts: Vec<(u64, Recipe)> = (0..count(a.insert_frac))
+            .map(|i| {
+                (
+                    self.next_id + i as u64,
+                    Recipe { a: rng.random_range(0..rows), b: rng.random_range(0..rows), w: rng.random_range(0.5..1.0) },
+                )
+            })
+            .collect();
+        self.next_id += inserts.len() as u64;
+        for id in &deletes {
+            self.recipe.remove(id);
+        }
+        for &(id, r) in &upserts {
+            if let Some(e) = self.recipe.get_mut(&id) {
+                e.0 = r;
+            }
+        }
+        for &(id, r) in &inserts {
+            self.recipe.insert(id, (r, r.a));
+        }
+        self.ids.drain(..nd);
+        self.ids.extend(inserts.iter().map(|(id, _)| *id));
+        self.ids.sort_unstable();
+        Round { deletes, upserts, inserts }
+    }
+}
+
+pub(crate) fn run(a: Args) -> Result<()> {
+    if a.threads == 0 || a.batch_size == 0 || a.fresh_every == 0 || a.k == 0 {
+        bail!("--threads, --batch-size, --fresh-every and --k must be at least 1");
+    }
+    let base = VecFile::open(&a.base)?;
+    let query = VecFile::open(&a.query)?;
+    if base.dim() != query.dim() {
+        bail!("base has dimension {}, queries {}", base.dim(), query.dim());
+    }
+    if a.limit == 0 || a.limit > base.len() {
+        bail!("--limit must be 1..={} (the base file's rows)", base.len());
+    }
+    let mut queries: Vec<Vec<f32>> = (0..a.queries.min(query.len())).map(|i| query.f32_row(i)).collect::<Result<_>>()?;
+    queries.iter_mut().for_each(|q| normalise(q));
+    let params = IndexParams::new(base.dim() as u32, Metric::Cosine).with_m(a.m).with_ef_construction(a.ef_construction);
+    let opts = IndexOptions { build_threads: a.threads, reuse_retired: !a.no_reuse, ..IndexOptions::default() };
+    let root = match &a.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            tempfile::tempdir_in(d)?
+        }
+        None => tempfile::tempdir()?,
+    };
+    let mut plan_out = match &a.plan_out {
+        Some(p) => {
+            let mut f = std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?);
+            writeln!(
+                f,
+                "{}",
+                json!({"format": "shoal-churn-plan/1", "limit": a.limit, "rounds": a.rounds, "seed": a.seed, "dim": base.dim()})
+            )?;
+            Some(f)
+        }
+        None => None,
+    };
+
+    let mut live = Live {
+        ids: (0..a.limit as u64).collect(),
+        recipe: (0..a.limit).map(|i| (i as u64, (Recipe::row(i), i))).collect(),
+        next_id: a.limit as u64,
+    };
+    let mut rng = StdRng::seed_from_u64(a.seed);
+    let index = Index::open_or_create(root.path().join("churned"), params, opts.clone())?;
+    let t = Instant::now();
+    let initial: Vec<(u64, Recipe)> = live.ids.iter().map(|&id| (id, live.recipe[&id].0)).collect();
+    apply(&index, &base, &[], &initial, a.batch_size)?;
+    eprintln!("built {} points in {:.1}s", a.limit, t.elapsed().as_secs_f64());
+
+    let mut rounds = Vec::new();
+    for r in 0..=a.rounds {
+        let mut entry = json!({"round": r});
+        if r > 0 {
+            let round = live.plan(&mut rng, &a, base.len());
+            if let Some(f) = plan_out.as_mut() {
+                let enc = |v: &[(u64, Recipe)]| v.iter().map(|(id, x)| json!([id, x.a, x.b, x.w])).collect::<Vec<_>>();
+                writeln!(
+                    f,
+                    "{}",
+                    json!({"round": r, "delete": round.deletes, "upsert": enc(&round.upserts), "insert": enc(&round.inserts)})
+                )?;
+            }
+            let mut changed = round.upserts.clone();
+            changed.extend_from_slice(&round.inserts);
+            let ops = round.deletes.len() + changed.len();
+            let t = Instant::now();
+            apply(&index, &base, &round.deletes, &changed, a.batch_size)?;
+            let secs = t.elapsed().as_secs_f64();
+            entry["ops"] = json!(ops);
+            entry["apply_seconds"] = json!(round3(secs));
+            entry["apply_ms_per_op"] = json!(round4(secs * 1000.0 / ops.max(1) as f64));
+        }
+        let vectors: Vec<(u64, Vec<f32>)> =
+            live.ids.iter().map(|&id| Ok((id, live.recipe[&id].0.vector(&base)?))).collect::<Result<_>>()?;
+        let truth = exact_top(&vectors, &queries, a.k);
+        let m = measure(&index, &queries, &truth, a.k, a.ef)?;
+        let stats = index.stats()?;
+        entry["live"] = json!(stats.live);
+        entry["tombstones"] = json!(stats.tombstones);
+        entry["recall"] = json!(round4(m.recall));
+        entry["qps"] = json!(round1(m.qps));
+        entry["disk_bytes"] = json!(stats.disk_bytes);
+        entry["used_bytes"] = json!(stats.used_bytes);
+        let fresh_due = r == a.rounds || r % a.fresh_every == 0;
+        if fresh_due {
+            let dir = root.path().join(format!("fresh-{r}"));
+            let fresh = Index::open_or_create(&dir, params, opts.clone())?;
+            let points: Vec<(u64, Recipe)> = live.ids.iter().map(|&id| (id, live.recipe[&id].0)).collect();
+            let t = Instant::now();
+            apply(&fresh, &base, &[], &points, a.batch_size)?;
+            let build = t.elapsed().as_secs_f64();
+            let fm = measure(&fresh, &queries, &truth, a.k, a.ef)?;
+            let fs = fresh.stats()?;
+            entry["fresh_recall"] = json!(round4(fm.recall));
+            entry["fresh_qps"] = json!(round1(fm.qps));
+            entry["fresh_disk_bytes"] = json!(fs.disk_bytes);
+            entry["fresh_used_bytes"] = json!(fs.used_bytes);
+            entry["fresh_build_seconds"] = json!(round3(build));
+            drop(fresh);
+            std::fs::remove_dir_all(&dir).ok();
+        } else {
+            for f in ["fresh_recall", "fresh_qps", "fresh_disk_bytes", "fresh_used_bytes", "fresh_build_seconds"] {
+                entry[f] = serde_json::Value::Null;
+            }
+        }
+        print_round(&entry);
+        rounds.push(entry);
+    }
+    if let Some(mut f) = plan_out {
+        f.flush()?;
+    }
+    let out = json!({
+        "lib": "shoal",
+        "strategy": if a.no_reuse { "tombstones kept (no reuse)" } else { "retired slots reused by later inserts" },
+        "params": {"m": a.m, "ef_construction": a.ef_construction, "threads": a.threads, "metric": "cosine",
+                   "batch_size": a.batch_size, "ef": a.ef, "k": a.k},
+        "limit": a.limit, "queries": queries.len(), "seed": a.seed,
+        "fractions": {"upsert": a.upsert_frac, "delete": a.delete_frac, "insert": a.insert_frac},
+        "rounds": rounds,
+    });
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&out)?).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// Applies deletes, then upserts (edited and new points), in batches.
+fn apply(index: &Index, base: &VecFile, deletes: &[u64], upserts: &[(u64, Recipe)], batch_size: usize) -> Result<()> {
+    for chunk in deletes.chunks(batch_size) {
+        index.apply(Batch { ops: chunk.iter().map(|&id| Op::Delete(id)).collect(), source: None })?;
+    }
+    for chunk in upserts.chunks(batch_size) {
+        let ops =
+            chunk.iter().map(|(id, r)| Ok(Op::Upsert(Point { id: *id, vector: r.vector(base)?, payload: None }))).collect::<Result<_>>()?;
+        index.apply(Batch { ops, source: None })?;
+    }
+    Ok(())
+}
+
+/// Exact top-k external ids per query by inner product (unit vectors).
+fn exact_top(points: &[(u64, Vec<f32>)], queries: &[Vec<f32>], k: usize) -> Vec<HashSet<u64>> {
+    queries
+        .par_iter()
+        .map(|q| {
+            let mut scored: Vec<(f32, u64)> =
+                points.iter().map(|(id, v)| (-v.iter().zip(q).map(|(a, b)| a * b).sum::<f32>(), *id)).collect();
+            let nth = k.min(scored.len().saturating_sub(1));
+            if !scored.is_empty() {
+                scored.select_nth_unstable_by(nth, |a, b| a.0.total_cmp(&b.0));
+            }
+            scored.truncate(k);
+            scored.into_iter().map(|(_, id)| id).collect()
+        })
+        .collect()
+}
+
+struct Measured {
+    recall: f64,
+    qps: f64,
+}
+
+fn measure(index: &Index, queries: &[Vec<f32>], truth: &[HashSet<u64>], k: usize, ef: usize) -> Result<Measured> {
+    let sp = SearchParams::new(k, ef.max(k));
+    let t = Instant::now();
+    let mut hits = 0usize;
+    for (q, want) in queries.iter().zip(truth) {
+        hits += index.search(q, sp)?.iter().filter(|h| want.contains(&h.id)).count();
+    }
+    let dt = t.elapsed().as_secs_f64();
+    Ok(Measured { recall: hits as f64 / (k * queries.len()).max(1) as f64, qps: queries.len() as f64 / dt })
+}
+
+fn print_round(e: &serde_json::Value) {
+    let mib = |v: &serde_json::Value| v.as_f64().map_or("-".to_owned(), |b| format!("{:.1}", b / (1 << 20) as f64));
+    let f = |v: &serde_json::Value, d: usize| v.as_f64().map_or("-".to_owned(), |x| format!("{x:.d$}"));
+    eprintln!(
+        "round {:>2}: live {} tombstones {} | recall {} (fresh {}) | qps {} (fresh {}) | disk MiB {} (fresh {}) | apply {} ms/op",
+        e["round"],
+        e["live"],
+        e["tombstones"],
+        f(&e["recall"], 4),
+        f(&e["fresh_recall"], 4),
+        f(&e["qps"], 0),
+        f(&e["fresh_qps"], 0),
+        mib(&e["disk_bytes"]),
+        mib(&e["fresh_disk_bytes"]),
+        f(&e["apply_ms_per_op"], 4),
+    );
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 10_000.0).round() / 10_000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use rand::{Rng, SeedableRng};
+
+    use crate::{Cli, Command};
+
+    fn write_fvecs(path: &std::path::Path, rows: usize, dim: usize, rng: &mut rand::rngs::StdRng) {
+        let mut bytes = Vec::new();
+        for _ in 0..rows {
+            bytes.extend_from_slice(&(dim as i32).to_le_bytes());
+            for _ in 0..dim {
+                bytes.extend_from_slice(&rng.random_range(-1.0f32..1.0).to_le_bytes());
+            }
+        }
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    /// The command line as a person types it: every round is measured and
+    /// written, the plan holds what the rounds did, and reuse keeps the
+    /// tombstones to about one round's retirements.
+    #[test]
+    fn churn_measures_every_round_and_writes_the_plan() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let (base, query) = (dir.path().join("base.fvecs"), dir.path().join("query.fvecs"));
+        write_fvecs(&base, 900, 8, &mut rng);
+        write_fvecs(&query, 30, 8, &mut rng);
+        let (json, plan) = (dir.path().join("churn.json"), dir.path().join("plan.jsonl"));
+        let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        let argv = [
+            "shoal-loadtest",
+            "churn",
+            "--base",
+            &s(&base),
+            "--query",
+            &s(&query),
+            "--limit",
+            "600",
+            "--rounds",
+            "3",
+            "--queries",
+            "30",
+            "--fresh-every",
+            "2",
+            "--json",
+            &s(&json),
+            "--plan-out",
+            &s(&plan),
+            "--dir",
+            &s(dir.path()),
+        ];
+        let Command::Churn(args) = Cli::try_parse_from(argv).unwrap().command else { panic!("not churn") };
+        super::run(args).unwrap();
+        let out: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let rounds = out["rounds"].as_array().unwrap();
+        assert_eq!(rounds.len(), 4, "round 0 and three rounds");
+        for r in rounds {
+            for f in ["recall", "qps", "disk_bytes", "tombstones", "live"] {
+                assert!(r[f].is_number(), "{f} in {r}");
+            }
+            assert!(r["recall"].as_f64().unwrap() > 0.8, "{r}");
+            // 10% upserted in the round's last batch: their old slots wait
+            // for the next round's inserts.
+            assert!(r["tombstones"].as_u64().unwrap() <= 61, "{r}");
+        }
+        assert!(rounds[2]["fresh_recall"].is_number() && rounds[3]["fresh_recall"].is_number());
+        assert!(rounds[1]["fresh_recall"].is_null());
+        let lines: Vec<serde_json::Value> =
+            std::fs::read_to_string(&plan).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 4);
+        assert_eq!(lines[0]["format"], "shoal-churn-plan/1");
+        assert_eq!(lines[1]["delete"].as_array().unwrap().len(), 18, "3% of 600");
+        assert_eq!(lines[1]["upsert"].as_array().unwrap().len(), 60);
+        assert_eq!(lines[1]["insert"].as_array().unwrap()[0][0], 600, "new ids start after the initial ones");
+        assert_eq!(rounds[3]["live"], 600);
+    }
+}

@@ -1,0 +1,170 @@
+//! How an index is opened: threads, memory, durability, the link log and
+//! re-scoring. None of it changes what is stored.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::batch_log::BatchLogRetention;
+
+/// How an index is opened; none of these change what is stored.
+#[derive(Clone, Debug)]
+pub struct IndexOptions {
+    /// Threads that link a batch into the graph, the calling thread
+    /// included. Default: the machine's available parallelism.
+    pub build_threads: usize,
+    /// Share a rayon pool between indexes instead of each making its own;
+    /// the calling thread works beside the pool's threads.
+    pub pool: Option<Arc<rayon::ThreadPool>>,
+    /// Per-thread budget for memoised page pointers (builders and search
+    /// sessions). Past it a cache starts over; it is never a correctness
+    /// matter. Default 64 MiB.
+    pub cache_budget_bytes: usize,
+    /// Memory map size to start with. Default 256 MiB.
+    pub initial_map_size: u64,
+    /// Ceiling the map grows to on demand; past it writes fail with
+    /// [`Error::MapSizeLimit`]. Default 1 TiB (address space, not disk).
+    pub max_map_size: u64,
+    /// Flush every commit to disk before acknowledging it. Default true.
+    pub durable: bool,
+    /// New points take the ids (and so the vector, code and link slots) of
+    /// points deleted or replaced by earlier batches, as hnswlib's
+    /// `replace_deleted` does, so a shard under churn stays the size of its
+    /// live set. Off: retired nodes stay as tombstones until a rebuild.
+    /// Default: on.
+    pub reuse_retired: bool,
+    /// Let the kernel read ahead around page faults. Default false: graph
+    /// searches read scattered pages, and readahead fills the page cache with
+    /// pages nobody asked for (see `docs/engine.md`).
+    pub read_ahead: bool,
+    /// Largest payload accepted per point. Default 64 KiB.
+    pub max_payload_bytes: usize,
+    /// LMDB reader slots (search sessions plus build threads). Default 512.
+    pub max_readers: u32,
+    /// Idle search sessions kept for reuse. Default 64.
+    pub max_idle_sessions: usize,
+    /// How long growing the map waits for open read transactions (snapshots,
+    /// searches) before the batch fails with [`Error::ResizeBlocked`].
+    /// Searches keep running meanwhile. Default 30 s.
+    pub resize_wait: Duration,
+    /// Budget for the vector addresses all threads share across commits
+    /// (8 bytes per vector). Default 256 MiB, enough for 32M vectors.
+    pub shared_cache_bytes: usize,
+    /// Which of a search's candidates are re-scored with the exact vectors
+    /// (the walk ranks them by their codes). Default `Rescore::TopK(2)`.
+    pub rescore: Rescore,
+    /// Where a batch writes the changed bottom-layer lists of existing
+    /// nodes. Default `LinkLog::Auto { fold_lists: 131_072 }`.
+    pub link_log: LinkLog,
+    /// How many recent batches the batch log keeps for other copies to
+    /// catch up from (see [`Index::read_log`]). Default 10,000 batches or
+    /// 256 MiB, whichever is reached first; [`BatchLogRetention::OFF`]
+    /// keeps none.
+    pub batch_log: BatchLogRetention,
+}
+
+/// Where a batch writes the bottom-layer lists of existing nodes that it
+/// changed (new nodes' lists always go to their blocks).
+///
+/// Patching a list into its block makes LMDB copy the block's whole page,
+/// and at 100k points a batch of 1,000 changes lists in 84% of the blocks.
+/// The log appends them instead, and a *fold* later patches everything it
+/// holds into the blocks at once (see `docs/engine.md`). Searches read
+/// through the log either way; none of this changes results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkLog {
+    /// Patch them into their blocks in every commit; a log left by an
+    /// earlier setting is folded by the next batch.
+    Off,
+    /// Append them to the log when that, with the batch's share of the
+    /// later fold, writes fewer bytes than patching their blocks would (so
+    /// a small index, whose few blocks a batch rewrites anyway, keeps
+    /// patching in place); fold once the log would hold more than
+    /// `fold_lists` lists, or more lists than the index has nodes.
+    Auto {
+        /// Lists the log may hold before a batch folds it. Each is
+        /// `4 + 2 + 4·M0` bytes (134 with M=16) of disk, and every reader
+        /// keeps 4 bytes per id for the log's index while it is not empty.
+        fold_lists: usize,
+    },
+    /// Always append, folding past `fold_lists` (for tests and benchmarks).
+    Always {
+        /// As in `Auto`.
+        fold_lists: usize,
+    },
+}
+
+impl Default for LinkLog {
+    fn default() -> Self {
+        LinkLog::Auto { fold_lists: 131_072 }
+    }
+}
+
+impl LinkLog {
+    /// Lists the log may hold before a fold; `None` for `Off`.
+    pub fn fold_lists(self) -> Option<usize> {
+        match self {
+            LinkLog::Off => None,
+            LinkLog::Auto { fold_lists } | LinkLog::Always { fold_lists } => Some(fold_lists),
+        }
+    }
+}
+
+/// Which of a search's candidates (found by walking the graph on codes)
+/// are re-scored with exact vectors. Hits and distances returned are always
+/// exact; what changes is how many candidates compete for the top `k`.
+///
+/// On the PyPI set (384-d, cosine) `TopK(2)` gives the same recall@10 as
+/// `All` at every `ef` from 16 to 256, while `TopK(1)` loses up to 0.007
+/// (see `docs/engine.md`); each re-scored candidate is one exact-vector read,
+/// i.e. one page on a cold cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rescore {
+    /// Every candidate (`ef` of them).
+    All,
+    /// The best `max(k × n, 20)` candidates by code distance (never more
+    /// than `ef`).
+    TopK(u16),
+}
+
+impl Default for Rescore {
+    fn default() -> Self {
+        Rescore::TopK(2)
+    }
+}
+
+impl Rescore {
+    /// Fewest candidates `TopK` re-scores: with `k = 1` the exact nearest
+    /// neighbour must not hinge on a code-distance tie.
+    const FLOOR: usize = 20;
+
+    /// How many of `found` candidates to re-score for a top-`k` search.
+    pub(crate) fn count(self, k: usize, found: usize) -> usize {
+        match self {
+            Rescore::All => found,
+            Rescore::TopK(n) => k.saturating_mul(usize::from(n).max(1)).max(Self::FLOOR).min(found),
+        }
+    }
+}
+
+impl Default for IndexOptions {
+    fn default() -> Self {
+        IndexOptions {
+            build_threads: std::thread::available_parallelism().map_or(1, usize::from),
+            pool: None,
+            cache_budget_bytes: 64 << 20,
+            initial_map_size: 256 << 20,
+            max_map_size: 1 << 40,
+            durable: true,
+            reuse_retired: true,
+            read_ahead: false,
+            max_payload_bytes: 64 << 10,
+            max_readers: 512,
+            max_idle_sessions: 64,
+            shared_cache_bytes: 256 << 20,
+            resize_wait: Duration::from_secs(30),
+            rescore: Rescore::default(),
+            link_log: LinkLog::default(),
+            batch_log: BatchLogRetention::default(),
+        }
+    }
+}

@@ -1,0 +1,927 @@
+//! The write side of an index: a group of batches becomes one write
+//! transaction (resolve → write points → link on nested readers → write
+//! links → batch log → commit).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use heed::{PutFlags, RwTxn};
+use parking_lot::Mutex;
+
+use crate::batch::{Batch, BatchOutcome, Op, Write, Written};
+use crate::batch_log::{self, BatchLogRetention, LogApplied, LogEntry};
+use crate::cache::SharedAddrs;
+use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, State};
+use crate::error::{Error, InvalidInput, Rejected, Result};
+use crate::hnsw::build::{BuildCtx, LinkBlocks, Overlay, WorkQueue};
+use crate::hnsw::level_for;
+use crate::links_log::{self, LogIndex};
+use crate::plan::{self, Done, Item, Kind, Plan};
+use crate::session::{self};
+use crate::store::{self, Store};
+use crate::view::Frozen;
+
+use super::{Index, LinkLog};
+
+impl Index {
+    /// Applies one batch atomically, unfenced. Invalid input is an
+    /// [`Error::Invalid`] and changes nothing.
+    pub fn apply(&self, batch: Batch) -> Result<BatchOutcome> {
+        self.apply_fenced(batch, 0)
+    }
+
+    /// Applies one batch atomically if `epoch` is not below the shard's
+    /// (0: unfenced); a higher epoch becomes the shard's in the batch's
+    /// transaction. A lower one is [`Error::StaleEpoch`] and changes
+    /// nothing.
+    pub fn apply_fenced(&self, batch: Batch, epoch: u64) -> Result<BatchOutcome> {
+        match self.write_one(Item { batch, kind: Kind::Fresh, epoch })? {
+            Done::Batch(outcome, _) => Ok(outcome),
+            Done::Fenced { .. } | Done::Replayed { .. } => Err(self.mixed_up()),
+        }
+    }
+
+    /// Raises the shard's epoch to `epoch` durably and returns it; from
+    /// then on writes stamped with a lower epoch are refused. Ordered
+    /// with batches by the writer lock: a batch in flight commits first.
+    /// Raising to the current epoch changes nothing; lowering it is
+    /// [`Error::EpochLowered`].
+    pub fn fence(&self, epoch: u64) -> Result<u64> {
+        match self.write_one(Item { batch: Batch::default(), kind: Kind::Fence, epoch })? {
+            Done::Fenced { epoch } => Ok(epoch),
+            Done::Batch(..) | Done::Replayed { .. } => Err(self.mixed_up()),
+        }
+    }
+
+    /// Applies several unfenced batches in one write transaction (group
+    /// commit). Each batch is accepted or rejected whole; the accepted ones
+    /// commit together. The outer error means nothing was committed.
+    pub fn apply_group(&self, batches: Vec<Batch>) -> Result<Vec<Result<BatchOutcome, Rejected>>> {
+        let writes = batches.into_iter().map(|batch| Write::Batch { batch, epoch: 0 }).collect();
+        let outcomes = self.write(writes)?;
+        Ok(outcomes
+            .into_iter()
+            .map(|o| match o {
+                Ok(Written::Batch { outcome, .. }) => Ok(outcome),
+                // Only batches were written.
+                Ok(Written::Fenced { epoch }) => Err(Rejected::EpochLowered { current: epoch, requested: 0 }),
+                Err(e) => Err(e),
+            })
+            .collect())
+    }
+
+    /// Applies a group of writes, in order, in one write transaction
+    /// (the shard writer's group commit). Each write is accepted or
+    /// refused on its own ([`Rejected`]: invalid, or fenced off by its
+    /// epoch) and a refused one leaves no trace; the accepted ones commit
+    /// together. The outer error means nothing was committed.
+    pub fn write(&self, writes: Vec<Write>) -> Result<Vec<Result<Written, Rejected>>> {
+        let items = writes
+            .into_iter()
+            .map(|w| match w {
+                Write::Batch { batch, epoch } => Item { batch, kind: Kind::Fresh, epoch },
+                Write::Fence { epoch } => Item { batch: Batch::default(), kind: Kind::Fence, epoch },
+            })
+            .collect();
+        let (done, _) = self.write_items(items, false)?;
+        Ok(done
+            .into_iter()
+            .map(|d| match d? {
+                Done::Batch(outcome, seq) => Ok(Written::Batch { outcome, seq }),
+                Done::Fenced { epoch } => Ok(Written::Fenced { epoch }),
+                // Only batches and fences were written.
+                Done::Replayed { .. } => Err(Rejected::Invalid(InvalidInput::EmptyBatch)),
+            })
+            .collect())
+    }
+
+    /// Applies entries of another copy's batch log (see
+    /// [`Index::read_log`]) in one write transaction, all or none, fenced
+    /// by `epoch` like a batch. Each entry applies only if its sequence
+    /// number is the one after this copy's last: entries this copy holds
+    /// already are skipped, a gap is [`Error::LogGap`]. An applied entry
+    /// moves its source's offset (never backwards) and is appended to
+    /// this copy's own log under the same number, so this copy's log
+    /// continues the other's.
+    pub fn apply_log(&self, entries: Vec<LogEntry>, epoch: u64) -> Result<LogApplied> {
+        let items: Vec<Item> = entries
+            .into_iter()
+            .map(|e| {
+                let mut ops: Vec<Op> = Vec::with_capacity(e.deletes.len() + e.points.len());
+                ops.extend(e.deletes.into_iter().map(Op::DeleteIfPresent));
+                ops.extend(e.points.into_iter().map(Op::Upsert));
+                Item { batch: Batch { ops, source: e.source }, kind: Kind::Replay(e.seq), epoch }
+            })
+            .collect();
+        let (done, last_seq) = self.write_items(items, true)?;
+        let (mut applied, mut skipped) = (0, 0);
+        for d in done {
+            match d? {
+                Done::Replayed { skipped: true } => skipped += 1,
+                Done::Replayed { skipped: false } => applied += 1,
+                Done::Batch(..) | Done::Fenced { .. } => return Err(self.mixed_up()),
+            }
+        }
+        Ok(LogApplied { last_seq, applied, skipped })
+    }
+
+    fn mixed_up(&self) -> Error {
+        Error::Corrupt { path: self.store.path.clone(), detail: "a write's outcome is of another kind (a bug)".into() }
+    }
+
+    /// One item in its own transaction; its refusal is the error.
+    fn write_one(&self, item: Item) -> Result<Done> {
+        let (mut done, _) = self.write_items(vec![item], true)?;
+        match done.pop() {
+            Some(d) => Ok(d?),
+            None => Err(self.mixed_up()),
+        }
+    }
+
+    /// Writes a group of items in one transaction. With `all_or_nothing`,
+    /// one refused item aborts the transaction (the outcomes say which).
+    /// Also returns the last sequence number after the group.
+    fn write_items(&self, mut items: Vec<Item>, all_or_nothing: bool) -> Result<(Vec<Result<Done, Rejected>>, u64)> {
+        let checked: Vec<Result<(), InvalidInput>> =
+            items.iter_mut().map(|item| plan::prepare_item(item, &self.params, self.opts.max_payload_bytes)).collect();
+        let _writer = self.writer.lock();
+        let _span = tracing::debug_span!("engine.apply", batches = items.len()).entered();
+        loop {
+            let attempt = {
+                let shared = self.resize.read();
+                self.write_once(&items, &checked, &shared, all_or_nothing)
+            };
+            match attempt {
+                Ok(outcomes) => {
+                    self.renew_shared_addrs();
+                    return Ok(outcomes);
+                }
+                Err(Attempt::MapFull) => self.grow_map()?,
+                Err(Attempt::Failed(e)) => return Err(e),
+            }
+        }
+    }
+
+    fn write_once(
+        &self,
+        items: &[Item],
+        checked: &[Result<(), InvalidInput>],
+        shared: &SharedAddrs,
+        all_or_nothing: bool,
+    ) -> Result<(Vec<Result<Done, Rejected>>, u64), Attempt> {
+        let store = &self.store;
+        let mut wtxn = store.env.write_txn().map_err(|e| attempt(store, e))?;
+        let state = session::read_state(store, &wtxn)?;
+        let resolving = tracing::debug_span!("resolve").entered();
+        let mut plan = plan::resolve(
+            items,
+            checked,
+            plan::Start { epoch: state.shard_epoch, last_seq: state.last_seq },
+            |id| session::lookup_external(store, &wtxn, id),
+            |source| session::read_offset(store, &wtxn, source),
+        )?;
+        crate::locality::order(&mut plan.inserts, &self.params);
+        drop(resolving);
+        if all_or_nothing && plan.outcomes.iter().any(Result::is_err) {
+            wtxn.abort();
+            return Ok((plan.outcomes, state.last_seq));
+        }
+        if plan.is_empty(state.shard_epoch) {
+            wtxn.abort();
+            return Ok((plan.outcomes, plan.last_seq));
+        }
+        let reused = self.pick_reused(&wtxn, plan.inserts.len(), &state)?;
+        let next = u64::from(state.next_id) + (plan.inserts.len() - reused.len()) as u64;
+        if next > u64::from(u32::MAX) {
+            return Err(Attempt::Failed(Error::IdSpaceExhausted { used: u64::from(state.next_id), max: u64::from(u32::MAX) }));
+        }
+        let live = (state.live + plan.inserts.len() as u64).checked_sub(plan.tombstones.len() as u64).ok_or_else(|| Error::Corrupt {
+            path: store.path.clone(),
+            detail: format!("{} live points, but {} to retire", state.live, plan.tombstones.len()),
+        })?;
+        let levels = tracing::debug_span!("write_points", inserts = plan.inserts.len(), retired = plan.tombstones.len())
+            .in_scope(|| self.write_points(&mut wtxn, &plan, state.next_id, &reused))?;
+        let log = self.log.get(state.log_epoch).ok_or_else(|| Error::Corrupt {
+            path: store.path.clone(),
+            detail: format!("link log epoch {} has no index (the file changed under the index?)", state.log_epoch),
+        })?;
+        let shared = (shared.valid_for == self.moved.load(Ordering::SeqCst)).then_some(shared);
+        let Linked { entry, log: new_log } =
+            self.link(&mut wtxn, &plan, levels, reused.clone(), Base { state: &state, shared, log: &log }, live)?;
+        let (log_first_seq, log_bytes) = tracing::debug_span!("batch_log", entries = plan.logged.len())
+            .in_scope(|| self.write_batch_log(&mut wtxn, items, &plan, &state))?;
+        let new_state = State {
+            next_id: next as u32,
+            entry,
+            live,
+            tombstones: state.tombstones + plan.tombstones.len() as u64 - reused.len() as u64,
+            log_epoch: state.log_epoch + u64::from(new_log.is_some()),
+            shard_epoch: plan.epoch,
+            last_seq: plan.last_seq,
+            log_first_seq,
+            log_bytes,
+        };
+        let put = |w: &mut RwTxn<'_>, db: store::Db, k: &[u8], v: &[u8]| db.put(w, k, v).map_err(|e| attempt(store, e));
+        put(&mut wtxn, store.dbs.meta, codec::META_STATE, &new_state.encode())?;
+        for &(source, offset) in &plan.offsets {
+            put(&mut wtxn, store.dbs.offsets, source.as_bytes(), &offset.to_be_bytes())?;
+        }
+        // Readers that see this commit pair with its log version, so it must
+        // exist before the commit does (`links_log::LogVersions`).
+        if let Some(new_log) = new_log {
+            self.log.stage(new_state.log_epoch, Arc::new(new_log));
+        }
+        // Reused slots move pages of frozen ids: readers that begin from
+        // here on must not trust the shared addresses (`Session::open`).
+        if !reused.is_empty() {
+            self.moved.fetch_add(1, Ordering::SeqCst);
+        }
+        let committed = tracing::debug_span!("commit").in_scope(|| wtxn.commit());
+        if let Err(e) = committed {
+            if new_state.log_epoch != state.log_epoch {
+                self.log.unstage(new_state.log_epoch);
+            }
+            return Err(attempt(store, e));
+        }
+        self.log.settle(new_state.log_epoch);
+        self.generation.fetch_add(1, Ordering::Release);
+        // Idle sessions pin the previous snapshot's pages; let them go.
+        self.sessions.lock().clear();
+        Ok((plan.outcomes, plan.last_seq))
+    }
+
+    /// Appends the group's accepted batches to the batch log under their
+    /// sequence numbers and drops the oldest entries past the retention.
+    /// Returns the log's first sequence number and bytes afterwards.
+    fn write_batch_log(&self, wtxn: &mut RwTxn<'_>, items: &[Item], plan: &Plan<'_>, state: &State) -> Result<(u64, u64), Attempt> {
+        let store = &self.store;
+        let db = store.dbs.batch_log;
+        let err = |e| attempt(store, e);
+        let BatchLogRetention { max_batches, max_bytes } = self.opts.batch_log;
+        if max_batches == 0 {
+            // Off: nothing is kept, and entries an earlier setting kept
+            // would leave a hole in the numbers: drop them.
+            if state.log_entries() > 0 {
+                db.clear(wtxn).map_err(err)?;
+            }
+            return Ok((plan.last_seq + 1, 0));
+        }
+        let (mut first, mut bytes) = (state.log_first_seq, state.log_bytes);
+        let dim = self.params.dim as usize;
+        let mut value = Vec::new();
+        for logged in &plan.logged {
+            let batch = &items[logged.item].batch;
+            let points = logged.upserts.iter().filter_map(|&op| match &batch.ops[op] {
+                Op::Upsert(p) => Some((p.id, p.vector.as_slice(), p.payload.as_deref())),
+                Op::Delete(_) | Op::DeleteIfPresent(_) => None,
+            });
+            let points: Vec<_> = points.collect();
+            batch_log::encode(&mut value, batch.source.as_ref(), &logged.deletes, points.into_iter(), dim);
+            // Sequence numbers only grow: every entry is the largest key.
+            db.put_with_flags(wtxn, PutFlags::APPEND, &batch_log::key(logged.seq), &value).map_err(err)?;
+            bytes += value.len() as u64;
+        }
+        // The oldest go first; the newest always stays.
+        let mut entries = (plan.last_seq + 1).saturating_sub(first);
+        while entries > max_batches || (entries > 1 && bytes > max_bytes) {
+            let key = batch_log::key(first);
+            let len = db
+                .get(wtxn, &key)
+                .map_err(err)?
+                .map(<[u8]>::len)
+                .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("batch log entry {first} is missing") })?;
+            db.delete(wtxn, &key).map_err(err)?;
+            bytes = bytes.saturating_sub(len as u64);
+            first += 1;
+            entries -= 1;
+        }
+        Ok((first, bytes))
+    }
+
+    /// Up to `wanted` ids retired by earlier commits, ascending, for this
+    /// batch's new points: a slot reused keeps the file from growing with
+    /// every upsert and delete. The entry point is never reused (a new node
+    /// is linked by walking from it), nor are ids this batch retires (the
+    /// repair around them reads their old links and codes).
+    fn pick_reused(&self, wtxn: &RwTxn<'_>, wanted: usize, state: &State) -> Result<Vec<u32>, Attempt> {
+        if !self.opts.reuse_retired || wanted == 0 || state.tombstones == 0 {
+            return Ok(Vec::new());
+        }
+        let store = &self.store;
+        let entry = state.entry.map(|e| e.0);
+        let mut ids = Vec::with_capacity(wanted.min(state.tombstones as usize));
+        for item in store.dbs.retired.iter(wtxn).map_err(|e| attempt(store, e))? {
+            let (key, _) = item.map_err(|e| attempt(store, e))?;
+            let id = codec::decode_id_key(key)
+                .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("retired id entry {key:?} is malformed") })?;
+            if id >= state.next_id {
+                return Err(Attempt::Failed(Error::Corrupt {
+                    path: store.path.clone(),
+                    detail: format!("retired id {id} is past the last node {}", state.next_id),
+                }));
+            }
+            if Some(id) != entry {
+                ids.push(id);
+                if ids.len() == wanted {
+                    break;
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// After a commit that reused slots, the shared addresses may point at
+    /// pages that moved: forget them once no reader holds them (a reader
+    /// in the middle of a search is waited for briefly; until they are
+    /// forgotten, readers simply do not use them).
+    pub(super) fn renew_shared_addrs(&self) {
+        let moved = self.moved.load(Ordering::SeqCst);
+        if self.resize.read().valid_for == moved {
+            return;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_millis(5);
+        loop {
+            if let Some(mut shared) = self.resize.try_write() {
+                shared.clear(moved);
+                return;
+            }
+            if std::time::Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Retires replaced and deleted nodes and writes the new points' vectors,
+    /// records, payloads and ids: into `reused` slots first, then under new
+    /// ids from `first_new`. Returns the new points' levels.
+    fn write_points(&self, wtxn: &mut RwTxn<'_>, plan: &Plan<'_>, first_new: u32, reused: &[u32]) -> Result<Vec<u8>, Attempt> {
+        let store = &self.store;
+        let dbs = &store.dbs;
+        let err = |e| attempt(store, e);
+        for &dead in &plan.tombstones {
+            let mut record = session::read_node(store, wtxn, dead)?;
+            record.flags |= NODE_TOMBSTONE;
+            dbs.nodes.put(wtxn, &codec::id_key(dead), &record.encode()).map_err(err)?;
+            dbs.payloads.delete(wtxn, &codec::id_key(dead)).map_err(err)?;
+            dbs.retired.put(wtxn, &codec::id_key(dead), &[]).map_err(err)?;
+        }
+        for &external in &plan.removed {
+            dbs.external.delete(wtxn, &codec::external_key(external)).map_err(err)?;
+        }
+        let scale = self.params.level_scale();
+        let mut code = Vec::with_capacity(self.params.code_bytes());
+        let mut levels = Vec::with_capacity(plan.inserts.len());
+        let mut ids: Vec<(u64, u32)> = Vec::with_capacity(plan.inserts.len());
+        let mut codes = Vec::with_capacity(plan.inserts.len() * code.capacity());
+        let mut reused_codes = Vec::with_capacity(reused.len() * code.capacity());
+        for (i, p) in plan.inserts.iter().enumerate() {
+            // A reused id keeps the level it had (levels follow from ids),
+            // so its upper lists are overwritten, never orphaned.
+            let id = match reused.get(i) {
+                Some(&id) => id,
+                None => first_new + (i - reused.len()) as u32,
+            };
+            let key = codec::id_key(id);
+            let level = level_for(self.params.seed, id, scale);
+            levels.push(level);
+            if i < reused.len() {
+                dbs.vectors.put(wtxn, &key, codec::vector_bytes(p.vector)).map_err(err)?;
+                crate::quant::encode(p.vector, &mut reused_codes);
+                let record = NodeRecord { external: p.external, level, flags: 0 };
+                dbs.nodes.put(wtxn, &key, &record.encode()).map_err(err)?;
+                if let Some(payload) = p.payload {
+                    dbs.payloads.put(wtxn, &key, payload).map_err(err)?;
+                }
+                dbs.retired.delete(wtxn, &key).map_err(err)?;
+                ids.push((p.external, id));
+                continue;
+            }
+            // Ids only grow, so every new key is the largest: APPEND fills
+            // pages completely instead of splitting them in half.
+            dbs.vectors.put_with_flags(wtxn, PutFlags::APPEND, &key, codec::vector_bytes(p.vector)).map_err(err)?;
+            code.clear();
+            crate::quant::encode(p.vector, &mut code);
+            codes.extend_from_slice(&code);
+            let record = NodeRecord { external: p.external, level, flags: 0 };
+            dbs.nodes.put_with_flags(wtxn, PutFlags::APPEND, &key, &record.encode()).map_err(err)?;
+            if let Some(payload) = p.payload {
+                dbs.payloads.put_with_flags(wtxn, PutFlags::APPEND, &key, payload).map_err(err)?;
+            }
+            ids.push((p.external, id));
+        }
+        self.patch_codes(wtxn, reused, &reused_codes)?;
+        self.write_blocks(wtxn, dbs.codes, self.params.codes_per_block(), self.params.code_bytes(), first_new, &codes)?;
+        // External ids are the user's and may be random: writing them in key
+        // order at least keeps each touched page touched once.
+        ids.sort_unstable();
+        for (external, id) in ids {
+            dbs.external.put(wtxn, &codec::external_key(external), &codec::id_key(id)).map_err(err)?;
+        }
+        Ok(levels)
+    }
+
+    /// Writes the codes of reused ids (ascending, `codes` in the same order)
+    /// into their blocks, each block read, patched and rewritten once.
+    fn patch_codes(&self, wtxn: &mut RwTxn<'_>, reused: &[u32], codes: &[u8]) -> Result<(), Attempt> {
+        let store = &self.store;
+        let err = |e| attempt(store, e);
+        let per_block = self.params.codes_per_block();
+        let bytes = self.params.code_bytes();
+        let mut block: Vec<u8> = Vec::new();
+        let mut i = 0;
+        while i < reused.len() {
+            let block_no = reused[i] / per_block;
+            let key = codec::id_key(block_no);
+            block.clear();
+            match store.dbs.codes.get(wtxn, &key).map_err(err)? {
+                Some(old) if old.len() % bytes == 0 => block.extend_from_slice(old),
+                found => {
+                    let detail = format!("code block {block_no} has {} bytes, not a multiple of {bytes}", found.map_or(0, <[u8]>::len));
+                    return Err(Attempt::Failed(Error::Corrupt { path: store.path.clone(), detail }));
+                }
+            }
+            while i < reused.len() && reused[i] / per_block == block_no {
+                let at = (reused[i] % per_block) as usize * bytes;
+                let Some(slot) = block.get_mut(at..at + bytes) else {
+                    let detail = format!("code block {block_no} does not reach node {}", reused[i]);
+                    return Err(Attempt::Failed(Error::Corrupt { path: store.path.clone(), detail }));
+                };
+                slot.copy_from_slice(&codes[i * bytes..(i + 1) * bytes]);
+                i += 1;
+            }
+            store.dbs.codes.put(wtxn, &key, &block).map_err(err)?;
+        }
+        Ok(())
+    }
+
+    /// Appends `values` (consecutive fixed-size values of ids `first_new..`)
+    /// to `db`, stored `per_block` to a value keyed by block number: the
+    /// newest block may be partial, so it is read and completed first; the
+    /// rest are appended.
+    fn write_blocks(
+        &self,
+        wtxn: &mut RwTxn<'_>,
+        db: store::Db,
+        per_block: u32,
+        value_bytes: usize,
+        first_new: u32,
+        values: &[u8],
+    ) -> Result<(), Attempt> {
+        let store = &self.store;
+        let err = |e| attempt(store, e);
+        let full = per_block as usize * value_bytes;
+        let mut block_no = first_new / per_block;
+        let mut block: Vec<u8> = Vec::with_capacity(full);
+        let held = (first_new % per_block) as usize;
+        if held > 0 {
+            match db.get(wtxn, &codec::id_key(block_no)).map_err(err)? {
+                Some(old) if old.len() == held * value_bytes => block.extend_from_slice(old),
+                found => {
+                    let detail = format!("block {block_no} has {} bytes, expected {}", found.map_or(0, <[u8]>::len), held * value_bytes);
+                    return Err(Attempt::Failed(Error::Corrupt { path: store.path.clone(), detail }));
+                }
+            }
+        }
+        let mut replace = held > 0;
+        let mut rest = values;
+        while !rest.is_empty() {
+            let take = (full - block.len()).min(rest.len());
+            block.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if block.len() == full || rest.is_empty() {
+                let key = codec::id_key(block_no);
+                // Block numbers only grow: a new block is the largest key.
+                if replace { db.put(wtxn, &key, &block) } else { db.put_with_flags(wtxn, PutFlags::APPEND, &key, &block) }.map_err(err)?;
+                block.clear();
+                block_no += 1;
+                replace = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Repairs around retired nodes and links the new ones, in parallel on
+    /// nested read transactions; then writes every changed link list.
+    fn link(
+        &self,
+        wtxn: &mut RwTxn<'_>,
+        plan: &Plan<'_>,
+        levels: Vec<u8>,
+        reused: Vec<u32>,
+        from: Base<'_>,
+        live: u64,
+    ) -> Result<Linked, Attempt> {
+        let Base { state, shared, log } = from;
+        let first_new = state.next_id;
+        let mut entry = state.entry;
+        // Nodes whose level is above every level before them become the entry
+        // point in turn; they are linked one by one first (there are only
+        // O(log n) of them), so that the parallel phase has a fixed entry.
+        // A retired entry point still routes, but the first new node that
+        // reaches its level takes over, so searches start on a live node.
+        let mut entry_retired = match entry {
+            Some((id, _)) => session::read_node(&self.store, wtxn, id)?.is_tombstone(),
+            None => false,
+        };
+        let mut promoters = Vec::new();
+        let mut top = entry.map(|e| e.1);
+        for (i, &l) in levels.iter().enumerate() {
+            if top.is_none_or(|t| l > t || (entry_retired && l == t)) {
+                promoters.push(i as u32);
+                top = Some(l);
+                entry_retired = false;
+            }
+        }
+        let per_code_block = self.params.codes_per_block();
+        let mut dirty_codes: Vec<u32> = reused.iter().map(|id| id / per_code_block).collect();
+        dirty_codes.dedup();
+        let overlay = Overlay::new(first_new, reused, levels);
+        let link_blocks = LinkBlocks::new(first_new, codec::links0_block_nodes(self.params.max_links(0)) as u32);
+        let ctx = BuildCtx {
+            store: &self.store,
+            params: &self.params,
+            overlay: &overlay,
+            link_blocks: &link_blocks,
+            has_tombstones: state.tombstones > 0 || !plan.tombstones.is_empty(),
+            live,
+            cache_budget: self.opts.cache_budget_bytes,
+            frozen: shared.map(|s| Frozen::new(s, first_new).with_dirty_codes(&dirty_codes)),
+            log,
+        };
+        let pool = self.pool.as_deref();
+        if !plan.tombstones.is_empty() {
+            let _span = tracing::debug_span!("repair", retired = plan.tombstones.len()).entered();
+            let queue = WorkQueue::new(plan.tombstones.len());
+            ctx.run(wtxn, pool, |view, w| match queue.pop() {
+                Some(i) => ctx.repair(view, w, plan.tombstones[i]).map(|()| true),
+                None => Ok(false),
+            })?;
+        }
+        if !promoters.is_empty() {
+            let _span = tracing::debug_span!("promote", nodes = promoters.len()).entered();
+            let shared_entry = Mutex::new(entry);
+            ctx.run(wtxn, None, |view, w| {
+                for &p in &promoters {
+                    let id = overlay.new_id(p as usize);
+                    let level = overlay.level_of_new(id);
+                    let current = *shared_entry.lock();
+                    if let Some(e) = current {
+                        ctx.insert(view, w, id, e)?;
+                    }
+                    *shared_entry.lock() = Some((id, level));
+                }
+                Ok(false)
+            })?;
+            entry = shared_entry.into_inner();
+        }
+        if let Some(e) = entry {
+            let rest: Vec<u32> = (0..overlay_len(plan)).filter(|i| promoters.binary_search(i).is_err()).collect();
+            let _span = tracing::debug_span!("insert", nodes = rest.len()).entered();
+            let queue = WorkQueue::new(rest.len());
+            ctx.run(wtxn, pool, |view, w| match queue.pop() {
+                Some(i) => ctx.insert(view, w, overlay.new_id(rest[i] as usize), e).map(|()| true),
+                None => Ok(false),
+            })?;
+        }
+        let _span = tracing::debug_span!("write_links", lists = tracing::field::Empty, blocks = tracing::field::Empty).entered();
+        let changes = overlay.into_changes();
+        let log = self.write_links(wtxn, changes, first_new, state.log_epoch, log)?;
+        Ok(Linked { entry, log })
+    }
+
+    /// Writes every changed link list: upper layers one value per node;
+    /// on the bottom layer, new nodes' lists into their blocks and existing
+    /// nodes' lists either into theirs or appended to the link log (see
+    /// [`LinkLog`]). Returns the log's next version if this commit appends
+    /// to it or folds it.
+    fn write_links(
+        &self,
+        wtxn: &mut RwTxn<'_>,
+        changes: crate::hnsw::build::LinkChanges,
+        first_new: u32,
+        epoch: u64,
+        log: &LogIndex,
+    ) -> Result<Option<LogIndex>, Attempt> {
+        let span = tracing::Span::current();
+        let dbs = &self.store.dbs;
+        let err = |e| attempt(&self.store, e);
+        let mut old: Vec<(u32, &[u32])> = Vec::with_capacity(changes.touched.len());
+        let mut new: Vec<(u32, &[u32])> = Vec::with_capacity(changes.new.len());
+        let mut buf = Vec::new();
+        // `touched` is sorted by (level, id): `old` comes out in id order.
+        for ((l, id), list) in &changes.touched {
+            if *l == 0 {
+                old.push((*id, list));
+            } else {
+                codec::encode_links(list, self.params.max_links(*l), &mut buf);
+                dbs.links_up.put(wtxn, &codec::upper_key(*l, *id), &buf).map_err(err)?;
+            }
+        }
+        for (i, lists) in changes.new.iter().enumerate() {
+            let id = changes.new_id(i);
+            // A reused id's bottom list may be shadowed by an older one in
+            // the link log, so it goes where existing nodes' lists go.
+            if id < changes.first_new {
+                old.push((id, &lists[0]));
+            } else {
+                new.push((id, &lists[0]));
+            }
+            for (l, list) in lists.iter().enumerate().skip(1) {
+                codec::encode_links(list, self.params.max_links(l as u8), &mut buf);
+                dbs.links_up.put(wtxn, &codec::upper_key(l as u8, id), &buf).map_err(err)?;
+            }
+        }
+        if !changes.reused.is_empty() {
+            old.sort_unstable_by_key(|(id, _)| *id);
+        }
+        span.record("lists", old.len() + new.len());
+        let m0 = self.params.max_links(0);
+        let next_epoch = epoch + 1;
+        match self.log_decision(log, &old, first_new) {
+            LogDecision::Keep => {
+                let blocks = self.patch_blocks(wtxn, first_new, &new, &LogIndex::default())?;
+                span.record("blocks", blocks);
+                Ok(None)
+            }
+            LogDecision::Append => {
+                let _s = tracing::debug_span!("append_log", lists = old.len()).entered();
+                let blocks = self.patch_blocks(wtxn, first_new, &new, &LogIndex::default())?;
+                span.record("blocks", blocks);
+                // Written straight into the pages LMDB reserves: a batch's
+                // value is about a megabyte at 100k points.
+                let len = links_log::value_bytes(old.len(), m0, self.page_size);
+                dbs.links0_log
+                    .put_reserved(wtxn, &next_epoch.to_be_bytes(), len, |space| {
+                        links_log::write_value(old.iter().copied(), m0, space)?;
+                        space.fill_zeroes();
+                        Ok(())
+                    })
+                    .map_err(err)?;
+                Ok(Some(log.with_value(next_epoch, old.iter().map(|(id, _)| *id))))
+            }
+            LogDecision::Fold => {
+                let _s = tracing::debug_span!("fold_log", logged = log.records()).entered();
+                let mut direct = old;
+                direct.extend_from_slice(&new);
+                let blocks = self.patch_blocks(wtxn, first_new, &direct, log)?;
+                span.record("blocks", blocks);
+                if log.is_empty() {
+                    return Ok(None);
+                }
+                dbs.links0_log.clear(wtxn).map_err(err)?;
+                Ok(Some(LogIndex::default()))
+            }
+        }
+    }
+
+    /// What this batch does with the changed lists of existing nodes,
+    /// `old` (ascending ids), in an index of `nodes` nodes before it.
+    fn log_decision(&self, log: &LogIndex, old: &[(u32, &[u32])], nodes: u32) -> LogDecision {
+        // The log never holds more lists than the index has nodes: past
+        // that it is larger than the blocks it shadows, and a fold (which
+        // rewrites at most every block) costs less than carrying it.
+        let Some(fold_lists) = self.opts.link_log.fold_lists() else { return LogDecision::Fold };
+        let fold_lists = (fold_lists as u64).min(u64::from(nodes));
+        if old.is_empty() {
+            return LogDecision::Keep;
+        }
+        if log.records() + old.len() as u64 > fold_lists
+            || log.values().len() >= links_log::MAX_VALUES
+            || old.len() > links_log::MAX_RECORDS
+        {
+            return LogDecision::Fold;
+        }
+        if matches!(self.opts.link_log, LinkLog::Always { .. }) || !log.is_empty() {
+            return LogDecision::Append;
+        }
+        // With an empty log, choose by the bytes a batch costs: patching in
+        // place writes the blocks it touches; appending writes the records,
+        // plus its share of the fold that will rewrite (nearly) every block
+        // once the log holds `fold_lists` lists. A small index has few
+        // blocks and a batch touches most of them, so it keeps patching.
+        let list_bytes = codec::links_bytes(self.params.max_links(0)) as u64;
+        let per_block = codec::links0_block_nodes(self.params.max_links(0)) as u32;
+        let block_bytes = list_bytes * u64::from(per_block);
+        let mut touched = 0u64;
+        let mut last = None;
+        for (id, _) in old {
+            if last != Some(id / per_block) {
+                touched += 1;
+                last = Some(id / per_block);
+            }
+        }
+        let lists = old.len() as u64;
+        let all_blocks = u64::from(nodes.div_ceil(per_block));
+        // `fold_lists` ≥ `lists` ≥ 1 here (checked above).
+        let append = lists * links_log::record_bytes(list_bytes as usize) as u64 + all_blocks * block_bytes * lists / fold_lists;
+        if touched * block_bytes <= append { LogDecision::Fold } else { LogDecision::Append }
+    }
+
+    /// Patches bottom-layer lists into their blocks: `direct` (ascending
+    /// ids), and every list the log version `fold` holds that `direct`
+    /// does not replace (an empty version when not folding). Blocks are read, patched and rewritten
+    /// once each, in key order; blocks past the ones that existed before
+    /// `first_new` are appended. Returns how many blocks were written.
+    fn patch_blocks(&self, wtxn: &mut RwTxn<'_>, first_new: u32, direct: &[(u32, &[u32])], fold: &LogIndex) -> Result<usize, Attempt> {
+        // Lists are gathered a round at a time, as bytes, because the
+        // logged ones are read from values of this very transaction, which
+        // cannot be borrowed while blocks are written; a round bounds the
+        // memory a fold needs whatever the log holds.
+        const ROUND: usize = 4096;
+        let dbs = &self.store.dbs;
+        let err = |e| attempt(&self.store, e);
+        let m0 = self.params.max_links(0);
+        let per_block = codec::links0_block_nodes(m0) as u32;
+        let list_len = codec::links_bytes(m0);
+        // Blocks that held no node before this batch do not exist yet.
+        let first_unwritten_block = first_new.div_ceil(per_block);
+        let mut logged = fold.entries().peekable();
+        let mut direct = direct.iter().peekable();
+        let mut round: Vec<u32> = Vec::with_capacity(ROUND);
+        let mut bytes: Vec<u8> = Vec::with_capacity(ROUND * list_len);
+        let mut block_buf = Vec::new();
+        let mut written = 0usize;
+        let mut last_block: Option<u32> = None;
+        loop {
+            round.clear();
+            bytes.clear();
+            {
+                // Each log value read once per round.
+                let mut values: Vec<Option<links_log::Value<'_>>> = Vec::new();
+                while round.len() < ROUND {
+                    let next_logged = logged.peek().map(|(id, _)| *id);
+                    let next_direct = direct.peek().map(|(id, _)| *id);
+                    let at = bytes.len();
+                    // A list of this batch replaces the logged one of its id.
+                    let take_direct = match (next_direct, next_logged) {
+                        (None, None) => break,
+                        (Some(d), Some(l)) => d <= l,
+                        (Some(_), None) => true,
+                        (None, Some(_)) => false,
+                    };
+                    if take_direct {
+                        let Some(&(id, list)) = direct.next() else { break };
+                        if next_logged == Some(id) {
+                            logged.next();
+                        }
+                        bytes.resize(at + list_len, 0);
+                        codec::write_links(list, &mut bytes[at..]);
+                        round.push(id);
+                    } else {
+                        let Some((id, (slot, record))) = logged.next() else { break };
+                        if values.len() <= slot {
+                            values.resize(slot + 1, None);
+                        }
+                        let value = match values[slot] {
+                            Some(v) => v,
+                            None => *values[slot].insert(links_log::Value::read(&self.store, wtxn, fold, slot, list_len)?),
+                        };
+                        let list = value.list(record).ok_or_else(|| Error::Corrupt {
+                            path: self.store.path.clone(),
+                            detail: format!("link log record {record} of node {id} is past its value"),
+                        })?;
+                        bytes.extend_from_slice(list);
+                        round.push(id);
+                    }
+                }
+            }
+            if round.is_empty() {
+                break;
+            }
+            let mut i = 0;
+            while i < round.len() {
+                let block = round[i] / per_block;
+                let key = codec::id_key(block);
+                let exists = block < first_unwritten_block || last_block == Some(block);
+                block_buf.clear();
+                let block_len = list_len * per_block as usize;
+                match dbs.links0.get(wtxn, &key).map_err(err)? {
+                    // A damaged block would make the patch below write
+                    // outside it.
+                    Some(old) if exists && old.len() != block_len => {
+                        return Err(Attempt::Failed(Error::Corrupt {
+                            path: self.store.path.clone(),
+                            detail: format!("link block {block} has {} bytes, expected {block_len}", old.len()),
+                        }));
+                    }
+                    Some(old) if exists => block_buf.extend_from_slice(old),
+                    Some(_) | None => block_buf.resize(block_len, 0),
+                }
+                while i < round.len() && round[i] / per_block == block {
+                    let at = (round[i] % per_block) as usize * list_len;
+                    block_buf[at..at + list_len].copy_from_slice(&bytes[i * list_len..(i + 1) * list_len]);
+                    i += 1;
+                }
+                if exists {
+                    dbs.links0.put(wtxn, &key, &block_buf).map_err(err)?;
+                } else {
+                    dbs.links0.put_with_flags(wtxn, PutFlags::APPEND, &key, &block_buf).map_err(err)?;
+                }
+                if last_block != Some(block) {
+                    written += 1;
+                }
+                last_block = Some(block);
+            }
+        }
+        Ok(written)
+    }
+
+    fn grow_map(&self) -> Result<()> {
+        let new_size = self.store.next_map_size()?;
+        // LMDB may only remap with no transaction open in the process: wait
+        // for searches to finish. Polling `try_write` instead of queueing as
+        // a writer keeps new searches flowing meanwhile (a fair lock would
+        // park every reader behind the waiting resize).
+        let deadline = std::time::Instant::now() + self.opts.resize_wait;
+        let mut pause = Duration::from_micros(50);
+        let mut exclusive = loop {
+            if let Some(guard) = self.resize.try_write() {
+                break guard;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::ResizeBlocked { path: self.store.path.clone(), waited: self.opts.resize_wait });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        };
+        self.sessions.lock().clear();
+        // The remap may move the map: every shared vector address goes stale.
+        exclusive.clear(self.moved.load(Ordering::SeqCst));
+        // SAFETY: the writer lock is held and its transaction was dropped; the
+        // exclusive resize lock guarantees no session or snapshot of this
+        // index has a read transaction open.
+        unsafe { self.store.env.resize(new_size as usize) }.map_err(|e| self.store.err(e))
+    }
+}
+
+/// What a write transaction's linking starts from: the committed state, the
+/// addresses shared across commits, and the link log as of that state.
+#[derive(Clone, Copy)]
+struct Base<'a> {
+    state: &'a State,
+    /// None while the shared addresses are stale (see `renew_shared_addrs`).
+    shared: Option<&'a SharedAddrs>,
+    log: &'a LogIndex,
+}
+
+/// What linking a batch leaves for the commit.
+struct Linked {
+    /// The graph's entry point.
+    entry: Option<(u32, u8)>,
+    /// The link log's next version, if the batch appended to it or folded it.
+    log: Option<LogIndex>,
+}
+
+/// What a batch does with the changed bottom lists of existing nodes.
+enum LogDecision {
+    /// It changed none: the log stays as it is.
+    Keep,
+    /// Append them to the log as one value.
+    Append,
+    /// Patch them and everything the log holds into the blocks, and empty
+    /// the log (with an empty log: plain patching in place).
+    Fold,
+}
+
+/// Why one write attempt stopped.
+enum Attempt {
+    /// The map is full: grow it and replay the batches.
+    MapFull,
+    Failed(Error),
+}
+
+impl From<Error> for Attempt {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Storage { source, .. } if store::is_map_full(&source) => Attempt::MapFull,
+            other @ (Error::Invalid(_)
+            | Error::ParamsMismatch { .. }
+            | Error::NotFound { .. }
+            | Error::UnsupportedFormat { .. }
+            | Error::MapSizeLimit { .. }
+            | Error::ResizeBlocked { .. }
+            | Error::DiskFull { .. }
+            | Error::OpenFileLimit { .. }
+            | Error::Stopped { .. }
+            | Error::StaleEpoch { .. }
+            | Error::EpochLowered { .. }
+            | Error::LogGap { .. }
+            | Error::LogTruncated { .. }
+            | Error::LogAhead { .. }
+            | Error::Corrupt { .. }
+            | Error::IdSpaceExhausted { .. }
+            | Error::Storage { .. }
+            | Error::Io { .. }) => Attempt::Failed(other),
+        }
+    }
+}
+
+fn attempt(store: &Store, e: heed::Error) -> Attempt {
+    if store::is_map_full(&e) { Attempt::MapFull } else { Attempt::Failed(store.err(e)) }
+}
+
+fn overlay_len(plan: &Plan<'_>) -> u32 {
+    plan.inserts.len() as u32
+}
