@@ -42,6 +42,31 @@ pub(crate) fn upper_key(level: u8, id: u32) -> [u8; 5] {
     k
 }
 
+/// Kind of a retired id, the first byte of its key in the retired table:
+/// still linked (a tombstone that routes searches) or vacuumed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retired {
+    Linked = 0,
+    Vacuumed = 1,
+}
+
+/// Key of a retired id: (kind, id), so the vacuum finds the linked ones
+/// and reuse the vacuumed ones first, each in one contiguous run.
+#[inline]
+pub(crate) fn retired_key(kind: Retired, id: u32) -> [u8; 5] {
+    upper_key(kind as u8, id)
+}
+
+/// Inverse of [`retired_key`].
+pub(crate) fn decode_retired_key(key: &[u8]) -> Option<(Retired, u32)> {
+    let kind = match key.first()? {
+        0 => Retired::Linked,
+        1 => Retired::Vacuumed,
+        _ => return None,
+    };
+    Some((kind, decode_id_key(key.get(1..)?)?))
+}
+
 /// Key of the external-id map: the user's 64-bit id, big-endian.
 #[inline]
 pub(crate) fn external_key(id: u64) -> [u8; 8] {
@@ -50,6 +75,9 @@ pub(crate) fn external_key(id: u64) -> [u8; 8] {
 
 /// Flags of a node record.
 pub(crate) const NODE_TOMBSTONE: u8 = 1;
+/// With [`NODE_TOMBSTONE`]: the vacuum unlinked the node from the graph and
+/// dropped its vector; only its code and record wait for the slot's reuse.
+pub(crate) const NODE_VACUUMED: u8 = 2;
 
 /// What the index knows about one internal id besides its vector and links.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +95,10 @@ impl NodeRecord {
 
     pub(crate) fn is_tombstone(&self) -> bool {
         self.flags & NODE_TOMBSTONE != 0
+    }
+
+    pub(crate) fn is_vacuumed(&self) -> bool {
+        self.flags & NODE_VACUUMED != 0
     }
 
     pub(crate) fn encode(&self) -> [u8; Self::SIZE] {
@@ -261,20 +293,36 @@ pub(crate) struct State {
     pub(crate) log_first_seq: u64,
     /// Bytes of the batch log's values.
     pub(crate) log_bytes: u64,
+    /// Tombstones the vacuum has unlinked and reclaimed (part of
+    /// `tombstones`).
+    pub(crate) vacuumed: u64,
 }
 
 impl Default for State {
     /// An empty index at epoch 1 with an empty batch log; also what an
     /// index written before epochs and the batch log reads as.
     fn default() -> Self {
-        State { next_id: 0, entry: None, live: 0, tombstones: 0, log_epoch: 0, shard_epoch: 1, last_seq: 0, log_first_seq: 1, log_bytes: 0 }
+        State {
+            next_id: 0,
+            entry: None,
+            live: 0,
+            tombstones: 0,
+            log_epoch: 0,
+            shard_epoch: 1,
+            last_seq: 0,
+            log_first_seq: 1,
+            log_bytes: 0,
+            vacuumed: 0,
+        }
     }
 }
 
 impl State {
     /// Size of the record before epochs and the batch log (still read).
     const SIZE_V7: usize = 4 + 1 + 4 + 1 + 8 + 8 + 8;
-    const SIZE: usize = Self::SIZE_V7 + 4 * 8;
+    /// Size of the record before the vacuum (still read).
+    const SIZE_V8: usize = Self::SIZE_V7 + 4 * 8;
+    const SIZE: usize = Self::SIZE_V8 + 8;
 
     pub(crate) fn encode(&self) -> [u8; Self::SIZE] {
         let mut b = [0u8; Self::SIZE];
@@ -291,13 +339,14 @@ impl State {
         b[42..50].copy_from_slice(&self.last_seq.to_le_bytes());
         b[50..58].copy_from_slice(&self.log_first_seq.to_le_bytes());
         b[58..66].copy_from_slice(&self.log_bytes.to_le_bytes());
+        b[66..74].copy_from_slice(&self.vacuumed.to_le_bytes());
         b
     }
 
     /// Decodes a record of either size: one written before epochs and the
     /// batch log reads as epoch 1 with an empty log.
     pub(crate) fn decode(b: &[u8]) -> Option<State> {
-        if b.len() != Self::SIZE && b.len() != Self::SIZE_V7 {
+        if b.len() != Self::SIZE && b.len() != Self::SIZE_V8 && b.len() != Self::SIZE_V7 {
             return None;
         }
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
@@ -313,13 +362,19 @@ impl State {
         };
         let mut state =
             State { next_id: u32_at(0), entry, live: u64_at(10), tombstones: u64_at(18), log_epoch: u64_at(26), ..State::default() };
-        if b.len() == Self::SIZE {
+        if b.len() >= Self::SIZE_V8 {
             state.shard_epoch = u64_at(34);
             state.last_seq = u64_at(42);
             state.log_first_seq = u64_at(50);
             state.log_bytes = u64_at(58);
             // The log holds `last_seq + 1 - log_first_seq` entries.
             if state.shard_epoch == 0 || state.log_first_seq == 0 || state.log_first_seq > state.last_seq.checked_add(1)? {
+                return None;
+            }
+        }
+        if b.len() == Self::SIZE {
+            state.vacuumed = u64_at(66);
+            if state.vacuumed > state.tombstones {
                 return None;
             }
         }
@@ -367,10 +422,15 @@ mod tests {
             last_seq in 0u64..u64::MAX,
             held: u64,
             log_bytes: u64,
+            vacuumed: u64,
         ) {
             let log_first_seq = last_seq + 1 - held.min(last_seq);
-            let s = State { next_id, entry, live, tombstones, log_epoch, shard_epoch, last_seq, log_first_seq, log_bytes };
-            prop_assert_eq!(s.encode().len(), 66);
+            let vacuumed = vacuumed.min(tombstones);
+            let s = State { next_id, entry, live, tombstones, log_epoch, shard_epoch, last_seq, log_first_seq, log_bytes, vacuumed };
+            prop_assert_eq!(s.encode().len(), 74);
+            prop_assert_eq!(State::decode(&s.encode()), Some(s));
+            // A record from before the vacuum reads as nothing vacuumed.
+            prop_assert_eq!(State::decode(&s.encode()[..66]), Some(State { vacuumed: 0, ..s }));
             prop_assert_eq!(State::decode(&s.encode()), Some(s));
         }
 

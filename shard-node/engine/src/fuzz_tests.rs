@@ -223,7 +223,8 @@ fn valid_state() -> impl Strategy<Value = Vec<u8>> {
     )
         .prop_map(|(next_id, entry, live, tombstones, log_epoch, shard_epoch, last_seq, held, old)| {
             let log_first_seq = last_seq + 1 - held.min(last_seq);
-            let s = State { next_id, entry, live, tombstones, log_epoch, shard_epoch, last_seq, log_first_seq, log_bytes: held };
+            let s =
+                State { next_id, entry, live, tombstones, log_epoch, shard_epoch, last_seq, log_first_seq, log_bytes: held, vacuumed: 0 };
             // Both record sizes are on disk in the field.
             if old { s.encode()[..34].to_vec() } else { s.encode().to_vec() }
         })

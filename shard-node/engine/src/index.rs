@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicU64;
 use parking_lot::{Mutex, RwLock};
 
 use crate::cache::SharedAddrs;
-use crate::codec::{self, State};
+use crate::codec::{self, Retired, State};
 use crate::error::{Error, Result};
 use crate::links_log::{LogIndex, LogVersions};
 use crate::params::IndexParams;
@@ -18,10 +18,12 @@ use crate::store::{self, Store, StoreOptions};
 
 mod options;
 mod reader;
+mod vacuum;
 mod writer;
 
 pub use options::{IndexOptions, LinkLog, Rescore};
 pub use reader::{IndexStats, Snapshot};
+pub use vacuum::VacuumOutcome;
 
 /// One shard's vector index in its own LMDB environment.
 ///
@@ -246,19 +248,27 @@ fn list_retired_ids(store: &Store) -> Result<()> {
         let (key, value) = item.map_err(err)?;
         let corrupt = || Error::Corrupt { path: store.path.clone(), detail: format!("node record {key:?} is malformed") };
         let id = codec::decode_id_key(key).ok_or_else(corrupt)?;
-        if codec::NodeRecord::decode(value).ok_or_else(corrupt)?.is_tombstone() {
-            ids.push(id);
+        let record = codec::NodeRecord::decode(value).ok_or_else(corrupt)?;
+        if record.is_tombstone() {
+            ids.push((if record.is_vacuumed() { Retired::Vacuumed } else { Retired::Linked }, id));
         }
     }
-    if ids.len() as u64 != state.tombstones {
+    let vacuumed = ids.iter().filter(|(k, _)| *k == Retired::Vacuumed).count() as u64;
+    if ids.len() as u64 != state.tombstones || vacuumed != state.vacuumed {
         return Err(Error::Corrupt {
             path: store.path.clone(),
-            detail: format!("the index state counts {} tombstones, the node records hold {}", state.tombstones, ids.len()),
+            detail: format!(
+                "the index state counts {} tombstones ({} vacuumed), the node records hold {} ({vacuumed})",
+                state.tombstones,
+                state.vacuumed,
+                ids.len()
+            ),
         });
     }
     store.dbs.retired.clear(&mut wtxn).map_err(err)?;
-    for id in ids {
-        store.dbs.retired.put_with_flags(&mut wtxn, heed::PutFlags::APPEND, &codec::id_key(id), &[]).map_err(err)?;
+    ids.sort_unstable_by_key(|&(k, id)| (k as u8, id));
+    for (kind, id) in ids {
+        store.dbs.retired.put_with_flags(&mut wtxn, heed::PutFlags::APPEND, &codec::retired_key(kind, id), &[]).map_err(err)?;
     }
     wtxn.commit().map_err(err)
 }

@@ -39,8 +39,8 @@ pub(crate) struct Dbs {
     /// sequence number (BE u64) → one applied batch (`batch_log`), the
     /// newest ones within the retention.
     pub(crate) batch_log: Db,
-    /// internal id → nothing: every retired id (tombstone), the ids a
-    /// later batch may reuse for new points (see `index::writer`).
+    /// (kind, internal id) → nothing: every retired id (tombstone), the ids
+    /// a later batch may reuse for new points (`codec::retired_key`).
     pub(crate) retired: Db,
 }
 

@@ -7,6 +7,7 @@ mod level;
 mod repair;
 mod search;
 mod select;
+mod vacuum;
 
 pub(crate) use level::level_for;
 pub(crate) use search::{Scored, Scratch, greedy_closest, prefetch, prefetch_codes, search_layer};

@@ -32,6 +32,10 @@ pub struct IndexOptions {
     /// live set. Off: retired nodes stay as tombstones until a rebuild.
     /// Default: on.
     pub reuse_retired: bool,
+    /// Share of the graph's nodes that tombstones still linked into it may
+    /// reach before [`crate::Index::vacuum_due`] says so (the shard node
+    /// then vacuums whenever its writer is idle). Default: 0.2.
+    pub vacuum_ratio: f64,
     /// Let the kernel read ahead around page faults. Default false: graph
     /// searches read scattered pages, and readahead fills the page cache with
     /// pages nobody asked for (see `docs/engine.md`).
@@ -156,6 +160,7 @@ impl Default for IndexOptions {
             max_map_size: 1 << 40,
             durable: true,
             reuse_retired: true,
+            vacuum_ratio: 0.2,
             read_ahead: false,
             max_payload_bytes: 64 << 10,
             max_readers: 512,

@@ -21,8 +21,12 @@ pub struct IndexStats {
     pub params: IndexParams,
     /// Points a search can return.
     pub live: u64,
-    /// Retired nodes kept for routing.
+    /// Retired nodes: deleted or replaced points whose slots wait for new
+    /// points (those not yet vacuumed still route searches).
     pub tombstones: u64,
+    /// Tombstones the vacuum has unlinked from the graph and whose vectors
+    /// it dropped (part of `tombstones`).
+    pub vacuumed: u64,
     /// Top layer of the graph (None while empty).
     pub max_level: Option<u8>,
     /// Size of the data file.
@@ -123,6 +127,7 @@ impl Index {
             params: self.params,
             live: s.live,
             tombstones: s.tombstones,
+            vacuumed: s.vacuumed,
             max_level: s.entry.map(|e| e.1),
             disk_bytes: self.store.disk_bytes(),
             map_size: self.store.map_size(),
@@ -168,9 +173,9 @@ impl Index {
 
 /// A consistent read view of one commit (see [`Index::snapshot`]).
 pub struct Snapshot<'i> {
-    index: &'i Index,
-    session: Session,
-    shared: RwLockReadGuard<'i, SharedAddrs>,
+    pub(super) index: &'i Index,
+    pub(super) session: Session,
+    pub(super) shared: RwLockReadGuard<'i, SharedAddrs>,
 }
 
 impl Snapshot<'_> {

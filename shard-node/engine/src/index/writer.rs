@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use crate::batch::{Batch, BatchOutcome, Op, Write, Written};
 use crate::batch_log::{self, BatchLogRetention, LogApplied, LogEntry};
 use crate::cache::SharedAddrs;
-use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, State};
+use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, Retired, State};
 use crate::error::{Error, InvalidInput, Rejected, Result};
 use crate::hnsw::build::{BuildCtx, LinkBlocks, Overlay, WorkQueue};
 use crate::hnsw::level_for;
@@ -191,7 +191,7 @@ impl Index {
             wtxn.abort();
             return Ok((plan.outcomes, plan.last_seq));
         }
-        let reused = self.pick_reused(&wtxn, plan.inserts.len(), &state)?;
+        let (reused, reused_vacuumed) = self.pick_reused(&wtxn, plan.inserts.len(), &state)?;
         let next = u64::from(state.next_id) + (plan.inserts.len() - reused.len()) as u64;
         if next > u64::from(u32::MAX) {
             return Err(Attempt::Failed(Error::IdSpaceExhausted { used: u64::from(state.next_id), max: u64::from(u32::MAX) }));
@@ -216,6 +216,7 @@ impl Index {
             entry,
             live,
             tombstones: state.tombstones + plan.tombstones.len() as u64 - reused.len() as u64,
+            vacuumed: state.vacuumed - reused_vacuumed,
             log_epoch: state.log_epoch + u64::from(new_log.is_some()),
             shard_epoch: plan.epoch,
             last_seq: plan.last_seq,
@@ -227,14 +228,30 @@ impl Index {
         for &(source, offset) in &plan.offsets {
             put(&mut wtxn, store.dbs.offsets, source.as_bytes(), &offset.to_be_bytes())?;
         }
+        self.commit(wtxn, &state, &new_state, new_log, !reused.is_empty())?;
+        Ok((plan.outcomes, plan.last_seq))
+    }
+
+    /// Commits a write transaction that moves the state from `state` to
+    /// `new_state` (already written) with the link log's next version, if
+    /// it changed. `moves_frozen`: it rewrote or deleted values of frozen
+    /// ids (reused or vacuumed slots).
+    pub(super) fn commit(
+        &self,
+        wtxn: RwTxn<'_>,
+        state: &State,
+        new_state: &State,
+        new_log: Option<LogIndex>,
+        moves_frozen: bool,
+    ) -> Result<(), Attempt> {
         // Readers that see this commit pair with its log version, so it must
         // exist before the commit does (`links_log::LogVersions`).
         if let Some(new_log) = new_log {
             self.log.stage(new_state.log_epoch, Arc::new(new_log));
         }
-        // Reused slots move pages of frozen ids: readers that begin from
-        // here on must not trust the shared addresses (`Session::open`).
-        if !reused.is_empty() {
+        // Pages of frozen ids move: readers that begin from here on must
+        // not trust the shared addresses (`Session::open`).
+        if moves_frozen {
             self.moved.fetch_add(1, Ordering::SeqCst);
         }
         let committed = tracing::debug_span!("commit").in_scope(|| wtxn.commit());
@@ -242,13 +259,13 @@ impl Index {
             if new_state.log_epoch != state.log_epoch {
                 self.log.unstage(new_state.log_epoch);
             }
-            return Err(attempt(store, e));
+            return Err(attempt(&self.store, e));
         }
         self.log.settle(new_state.log_epoch);
         self.generation.fetch_add(1, Ordering::Release);
         // Idle sessions pin the previous snapshot's pages; let them go.
         self.sessions.lock().clear();
-        Ok((plan.outcomes, plan.last_seq))
+        Ok(())
     }
 
     /// Appends the group's accepted batches to the batch log under their
@@ -299,29 +316,53 @@ impl Index {
         Ok((first, bytes))
     }
 
-    /// Up to `wanted` ids retired by earlier commits, ascending, for this
-    /// batch's new points: a slot reused keeps the file from growing with
-    /// every upsert and delete. The entry point is never reused (a new node
-    /// is linked by walking from it), nor are ids this batch retires (the
-    /// repair around them reads their old links and codes).
-    fn pick_reused(&self, wtxn: &RwTxn<'_>, wanted: usize, state: &State) -> Result<Vec<u32>, Attempt> {
+    /// Up to `wanted` ids retired by earlier commits for this batch's new
+    /// points, ascending, and how many of them were vacuumed: a slot reused
+    /// keeps the file from growing with every upsert and delete. Vacuumed
+    /// slots go first (nothing links to them any more). The entry point is
+    /// never reused (a new node is linked by walking from it), nor are ids
+    /// this batch retires (the repair around them reads their old links).
+    fn pick_reused(&self, wtxn: &RwTxn<'_>, wanted: usize, state: &State) -> Result<(Vec<u32>, u64), Attempt> {
         if !self.opts.reuse_retired || wanted == 0 || state.tombstones == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         }
-        let store = &self.store;
         let entry = state.entry.map(|e| e.0);
-        let mut ids = Vec::with_capacity(wanted.min(state.tombstones as usize));
-        for item in store.dbs.retired.iter(wtxn).map_err(|e| attempt(store, e))? {
+        let mut ids = self.retired_ids(wtxn, Retired::Vacuumed, wanted, state, entry)?;
+        let vacuumed = ids.len() as u64;
+        if ids.len() < wanted {
+            ids.extend(self.retired_ids(wtxn, Retired::Linked, wanted - ids.len(), state, entry)?);
+        }
+        ids.sort_unstable();
+        Ok((ids, vacuumed))
+    }
+
+    /// Up to `wanted` retired ids of `kind`, ascending, but never `skip`.
+    pub(super) fn retired_ids(
+        &self,
+        txn: &RwTxn<'_>,
+        kind: Retired,
+        wanted: usize,
+        state: &State,
+        skip: Option<u32>,
+    ) -> Result<Vec<u32>, Attempt> {
+        let store = &self.store;
+        let mut ids = Vec::new();
+        if wanted == 0 {
+            return Ok(ids);
+        }
+        let prefix = [kind as u8];
+        for item in store.dbs.retired.prefix_iter(txn, &prefix[..]).map_err(|e| attempt(store, e))? {
             let (key, _) = item.map_err(|e| attempt(store, e))?;
-            let id = codec::decode_id_key(key)
-                .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("retired id entry {key:?} is malformed") })?;
-            if id >= state.next_id {
-                return Err(Attempt::Failed(Error::Corrupt {
-                    path: store.path.clone(),
-                    detail: format!("retired id {id} is past the last node {}", state.next_id),
-                }));
-            }
-            if Some(id) != entry {
+            let id = match codec::decode_retired_key(key) {
+                Some((_, id)) if id < state.next_id => id,
+                _ => {
+                    return Err(Attempt::Failed(Error::Corrupt {
+                        path: store.path.clone(),
+                        detail: format!("retired id entry {key:?} is malformed or past the last node {}", state.next_id),
+                    }));
+                }
+            };
+            if Some(id) != skip {
                 ids.push(id);
                 if ids.len() == wanted {
                     break;
@@ -365,7 +406,7 @@ impl Index {
             record.flags |= NODE_TOMBSTONE;
             dbs.nodes.put(wtxn, &codec::id_key(dead), &record.encode()).map_err(err)?;
             dbs.payloads.delete(wtxn, &codec::id_key(dead)).map_err(err)?;
-            dbs.retired.put(wtxn, &codec::id_key(dead), &[]).map_err(err)?;
+            dbs.retired.put(wtxn, &codec::retired_key(Retired::Linked, dead), &[]).map_err(err)?;
         }
         for &external in &plan.removed {
             dbs.external.delete(wtxn, &codec::external_key(external)).map_err(err)?;
@@ -394,7 +435,8 @@ impl Index {
                 if let Some(payload) = p.payload {
                     dbs.payloads.put(wtxn, &key, payload).map_err(err)?;
                 }
-                dbs.retired.delete(wtxn, &key).map_err(err)?;
+                dbs.retired.delete(wtxn, &codec::retired_key(Retired::Linked, id)).map_err(err)?;
+                dbs.retired.delete(wtxn, &codec::retired_key(Retired::Vacuumed, id)).map_err(err)?;
                 ids.push((p.external, id));
                 continue;
             }
@@ -596,7 +638,7 @@ impl Index {
     /// nodes' lists either into theirs or appended to the link log (see
     /// [`LinkLog`]). Returns the log's next version if this commit appends
     /// to it or folds it.
-    fn write_links(
+    pub(super) fn write_links(
         &self,
         wtxn: &mut RwTxn<'_>,
         changes: crate::hnsw::build::LinkChanges,
@@ -828,7 +870,7 @@ impl Index {
         Ok(written)
     }
 
-    fn grow_map(&self) -> Result<()> {
+    pub(super) fn grow_map(&self) -> Result<()> {
         let new_size = self.store.next_map_size()?;
         // LMDB may only remap with no transaction open in the process: wait
         // for searches to finish. Polling `try_write` instead of queueing as
@@ -886,7 +928,7 @@ enum LogDecision {
 }
 
 /// Why one write attempt stopped.
-enum Attempt {
+pub(super) enum Attempt {
     /// The map is full: grow it and replay the batches.
     MapFull,
     Failed(Error),
@@ -918,7 +960,7 @@ impl From<Error> for Attempt {
     }
 }
 
-fn attempt(store: &Store, e: heed::Error) -> Attempt {
+pub(super) fn attempt(store: &Store, e: heed::Error) -> Attempt {
     if store::is_map_full(&e) { Attempt::MapFull } else { Attempt::Failed(store.err(e)) }
 }
 

@@ -15,3 +15,4 @@ mod model;
 mod stop;
 mod storage;
 mod transactions;
+mod vacuum;
