@@ -148,4 +148,5 @@ impl ShardClient {
     forward!(read_batch_log, v1::ReadBatchLogRequest, v1::ReadBatchLogResponse);
     forward!(apply_log_entries, v1::ApplyLogEntriesRequest, v1::ApplyLogEntriesResponse);
     forward!(digest_shard, v1::DigestShardRequest, v1::ShardDigest);
+    forward!(vacuum_shard, v1::VacuumShardStepsRequest, v1::ShardVacuum);
 }

@@ -22,6 +22,7 @@ pub mod routing;
 pub mod server;
 pub mod service;
 pub mod snapshots;
+mod vacuum;
 pub mod validate;
 mod verify;
 

@@ -278,6 +278,11 @@ impl Shoal for ShoalService {
         Ok(Response::new(self.cluster.verify_shard(r.into_inner()).await?))
     }
 
+    async fn vacuum_shard(&self, r: Request<v1::VacuumShardRequest>) -> Result<Response<v1::VacuumShardResponse>, Status> {
+        self.allow(&r, Role::Admin, Some(&r.get_ref().collection), "VacuumShard")?;
+        Ok(Response::new(self.cluster.vacuum_shard(r.into_inner()).await?))
+    }
+
     async fn resync_replica(&self, r: Request<v1::ResyncReplicaRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
         self.allow(&r, Role::Admin, Some(&r.get_ref().collection), "ResyncReplica")?;
         let caller = caller(&r);

@@ -91,6 +91,16 @@ pub(crate) struct Args {
     /// Write the rounds' operations here (JSON lines) for the peers.
     #[arg(long)]
     plan_out: Option<PathBuf>,
+    /// Batches the batch log keeps (0: no log; the engine's default unless
+    /// given). The log is the shard's replication state, not its index:
+    /// with it, the file also holds up to `batch_log_max_bytes` of recent
+    /// batches.
+    #[arg(long)]
+    batch_log_max_batches: Option<u64>,
+    /// Only write the plan (`--plan-out`), measure nothing: the peers can
+    /// then run the same rounds at the same time.
+    #[arg(long, requires = "plan_out")]
+    plan_only: bool,
 }
 
 /// How a point's vector is made: normalise(w·base[a] + (1−w)·base[b]).
@@ -197,7 +207,10 @@ pub(crate) fn run(a: Args) -> Result<()> {
     let mut queries: Vec<Vec<f32>> = (0..a.queries.min(query.len())).map(|i| query.f32_row(i)).collect::<Result<_>>()?;
     queries.iter_mut().for_each(|q| normalise(q));
     let params = IndexParams::new(base.dim() as u32, Metric::Cosine).with_m(a.m).with_ef_construction(a.ef_construction);
-    let opts = IndexOptions { build_threads: a.threads, reuse_retired: !a.no_reuse, ..IndexOptions::default() };
+    let mut opts = IndexOptions { build_threads: a.threads, reuse_retired: !a.no_reuse, ..IndexOptions::default() };
+    if let Some(n) = a.batch_log_max_batches {
+        opts.batch_log.max_batches = n;
+    }
     let root = match &a.dir {
         Some(d) => {
             std::fs::create_dir_all(d)?;
@@ -224,6 +237,16 @@ pub(crate) fn run(a: Args) -> Result<()> {
         next_id: a.limit as u64,
     };
     let mut rng = StdRng::seed_from_u64(a.seed);
+    if a.plan_only {
+        if let Some(mut f) = plan_out {
+            for r in 1..=a.rounds {
+                let round = live.plan(&mut rng, &a, base.len());
+                write_round(&mut f, r, &round)?;
+            }
+            f.flush()?;
+        }
+        return Ok(());
+    }
     let index = Index::open_or_create(root.path().join("churned"), params, opts.clone())?;
     let t = Instant::now();
     let initial: Vec<(u64, Recipe)> = live.ids.iter().map(|&id| (id, live.recipe[&id].0)).collect();
@@ -236,12 +259,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         if r > 0 {
             let round = live.plan(&mut rng, &a, base.len());
             if let Some(f) = plan_out.as_mut() {
-                let enc = |v: &[(u64, Recipe)]| v.iter().map(|(id, x)| json!([id, x.a, x.b, x.w])).collect::<Vec<_>>();
-                writeln!(
-                    f,
-                    "{}",
-                    json!({"round": r, "delete": round.deletes, "upsert": enc(&round.upserts), "insert": enc(&round.inserts)})
-                )?;
+                write_round(f, r, &round)?;
             }
             let mut changed = round.upserts.clone();
             changed.extend_from_slice(&round.inserts);
@@ -297,13 +315,20 @@ pub(crate) fn run(a: Args) -> Result<()> {
         "strategy": if a.no_reuse { "tombstones kept (no reuse)" } else { "retired slots reused by later inserts" },
         "params": {"m": a.m, "ef_construction": a.ef_construction, "threads": a.threads, "metric": "cosine",
                    "batch_size": a.batch_size, "ef": a.ef, "k": a.k},
-        "limit": a.limit, "queries": queries.len(), "seed": a.seed,
+        "limit": a.limit, "queries": queries.len(), "seed": a.seed, "batch_log": format!("{:?}", opts.batch_log),
         "fractions": {"upsert": a.upsert_frac, "delete": a.delete_frac, "insert": a.insert_frac},
         "rounds": rounds,
     });
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&out)?).with_context(|| format!("writing {}", p.display()))?;
     }
+    Ok(())
+}
+
+/// One round of the plan as a JSON line (format in loadtest/peers/README.md).
+fn write_round(f: &mut impl std::io::Write, r: usize, round: &Round) -> Result<()> {
+    let enc = |v: &[(u64, Recipe)]| v.iter().map(|(id, x)| json!([id, x.a, x.b, x.w])).collect::<Vec<_>>();
+    writeln!(f, "{}", json!({"round": r, "delete": round.deletes, "upsert": enc(&round.upserts), "insert": enc(&round.inserts)}))?;
     Ok(())
 }
 

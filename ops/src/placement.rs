@@ -72,6 +72,14 @@ pub enum ShardCommand {
         /// shard of it.
         shard: String,
     },
+    /// Unlink a shard's tombstones from its graph and reclaim their
+    /// vectors now, on every copy (shards also do it on their own once
+    /// tombstones pass `engine.vacuum_ratio` of the graph).
+    Vacuum {
+        /// `collection/shard`, e.g. `docs/2`, or a collection name: every
+        /// shard of it.
+        shard: String,
+    },
     /// Take a replica that disagrees with the primary out of the in-sync
     /// set: it is seeded anew from the primary and rejoins.
     Resync {
@@ -181,6 +189,37 @@ pub async fn shard(endpoint: &str, cmd: ShardCommand) -> anyhow::Result<()> {
                 }
             }
             anyhow::ensure!(disagree.is_empty(), "the in-sync replicas DISAGREE (or one did not answer): {}", disagree.join(" "));
+        }
+        ShardCommand::Vacuum { shard } => {
+            let shards = match shard.contains('/') {
+                true => vec![parse_shard(&shard)?],
+                false => {
+                    let c = client.describe_collection(v1::DescribeCollectionRequest { name: shard.clone() }).await?.into_inner();
+                    (0..c.shard_count).map(|i| (shard.clone(), i)).collect()
+                }
+            };
+            let mut failed = Vec::new();
+            for (collection, shard) in shards {
+                let r = client.vacuum_shard(v1::VacuumShardRequest { collection: collection.clone(), shard }).await?.into_inner();
+                for v in &r.replicas {
+                    if v.error.is_empty() {
+                        println!(
+                            "{collection}/{shard} {:<12} vacuumed {:<8} in {} steps; {} still linked; points {} tombstones {} disk {:.1} MiB",
+                            v.node,
+                            v.vacuumed,
+                            v.steps,
+                            v.pending,
+                            v.points,
+                            v.tombstones,
+                            v.disk_bytes as f64 / (1 << 20) as f64
+                        );
+                    } else {
+                        println!("{collection}/{shard} {:<12} FAILED: {}", v.node, v.error);
+                        failed.push(format!("{collection}/{shard} on {}", v.node));
+                    }
+                }
+            }
+            anyhow::ensure!(failed.is_empty(), "the vacuum failed on: {}", failed.join(", "));
         }
         ShardCommand::Resync { shard, node, no_wait } => {
             let (collection, shard) = parse_shard(&shard)?;

@@ -35,6 +35,22 @@ fn unknown_keys_are_errors_not_silently_ignored() {
 }
 
 #[test]
+fn a_vacuum_ratio_outside_0_to_1_is_refused_by_name() {
+    for bad in ["0.0", "1.5", "-0.2", "nan"] {
+        let err = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
+            .merge(Toml::string(&format!("[engine]\nvacuum_ratio = {bad}\n")))
+            .extract::<ShardNodeConfig>()
+            .unwrap_err();
+        assert!(err.to_string().contains("vacuum_ratio") && err.to_string().contains("at most 1"), "{bad}: {err}");
+    }
+    let ok: ShardNodeConfig = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
+        .merge(Toml::string("[engine]\nvacuum_ratio = 0.5\n"))
+        .extract()
+        .unwrap();
+    assert_eq!(ok.engine.index_options().vacuum_ratio, 0.5);
+}
+
+#[test]
 // figment's `Jail` closure returns figment's own (large) error type.
 #[allow(clippy::result_large_err)]
 fn environment_overrides_the_file() {

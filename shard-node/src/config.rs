@@ -141,6 +141,23 @@ pub struct EngineConfig {
     /// bound. 0 batches keeps no log (a copy can then only be re-seeded).
     pub batch_log_max_batches: u64,
     pub batch_log_max_bytes: u64,
+    /// New points take the slots of deleted and replaced ones, so a shard
+    /// under churn stays the size of its live set (docs/engine.md, "Churn").
+    pub reuse_retired: bool,
+    /// Share of a shard's graph that tombstones still linked into it may
+    /// reach before the shard's writer vacuums them while idle (0 < r ≤ 1).
+    #[serde(deserialize_with = "ratio")]
+    pub vacuum_ratio: f64,
+}
+
+/// A share strictly above 0 and at most 1.
+fn ratio<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let r = f64::deserialize(d)?;
+    if r.is_finite() && r > 0.0 && r <= 1.0 {
+        Ok(r)
+    } else {
+        Err(serde::de::Error::custom(format!("a share above 0 and at most 1 was expected, got {r}")))
+    }
 }
 
 impl Default for EngineConfig {
@@ -155,6 +172,8 @@ impl Default for EngineConfig {
             link_log_fold_lists: d.link_log.fold_lists().unwrap_or(0),
             batch_log_max_batches: d.batch_log.max_batches,
             batch_log_max_bytes: d.batch_log.max_bytes,
+            reuse_retired: d.reuse_retired,
+            vacuum_ratio: d.vacuum_ratio,
         }
     }
 }
@@ -174,6 +193,8 @@ impl EngineConfig {
             fold_lists => LinkLog::Auto { fold_lists },
         };
         o.batch_log = BatchLogRetention { max_batches: self.batch_log_max_batches, max_bytes: self.batch_log_max_bytes };
+        o.reuse_retired = self.reuse_retired;
+        o.vacuum_ratio = self.vacuum_ratio;
         o
     }
 }
@@ -184,12 +205,20 @@ pub struct WriterConfig {
     pub queue_depth: usize,
     pub max_group_parts: usize,
     pub max_group_ops: usize,
+    /// Tombstones per vacuum step when the writer vacuums while idle (0:
+    /// never on its own; `shoalctl shard vacuum` still can).
+    pub vacuum_step: usize,
 }
 
 impl Default for WriterConfig {
     fn default() -> Self {
         let d = WriterOptions::default();
-        WriterConfig { queue_depth: d.queue_depth, max_group_parts: d.max_group_parts, max_group_ops: d.max_group_ops }
+        WriterConfig {
+            queue_depth: d.queue_depth,
+            max_group_parts: d.max_group_parts,
+            max_group_ops: d.max_group_ops,
+            vacuum_step: d.vacuum_step,
+        }
     }
 }
 
@@ -199,6 +228,7 @@ impl WriterConfig {
             queue_depth: self.queue_depth.max(1),
             max_group_parts: self.max_group_parts.max(1),
             max_group_ops: self.max_group_ops.max(1),
+            vacuum_step: self.vacuum_step,
         }
     }
 }

@@ -500,6 +500,50 @@ impl ShardHost {
         .await
     }
 
+    /// Vacuum steps through the shard's writer until no tombstone is left
+    /// linked (or `max_tombstones` were vacuumed); writes queued meanwhile
+    /// go between the steps.
+    pub async fn vacuum(&self, req: v1::VacuumShardStepsRequest) -> Result<v1::ShardVacuum, ShoalError> {
+        let key = key_of(req.shard)?;
+        let step = if self.writer.vacuum_step > 0 { self.writer.vacuum_step } else { WriterOptions::default().vacuum_step };
+        let (mut vacuumed, mut steps, mut pending) = (0u64, 0u32, 0u64);
+        loop {
+            let left = match req.max_tombstones {
+                0 => step,
+                max => step.min(max.saturating_sub(vacuumed) as usize),
+            };
+            if left == 0 {
+                break;
+            }
+            let shard = self.get(&key)?;
+            let span =
+                tracing::info_span!("vacuum", collection = %key.0, shard = key.1, step = left, queue_wait_ms = tracing::field::Empty);
+            let answer = shard.submit(&key, Work::Vacuum { max: left }).instrument(span).await?;
+            let Answer::Vacuumed(o) = answer else {
+                return Err(ShoalError::internal(format!("shard {}/{}: the writer answered a vacuum with something else", key.0, key.1)));
+            };
+            crate::metrics::get().vacuumed.add(o.vacuumed, &crate::metrics::labels(&key));
+            steps += 1;
+            vacuumed += o.vacuumed;
+            pending = o.pending;
+            if o.vacuumed == 0 {
+                break;
+            }
+        }
+        let index = Arc::clone(&self.get(&key)?.index);
+        let stats = blocking(move || index.stats().map_err(engine_error)).await?;
+        Ok(v1::ShardVacuum {
+            shard: Some(v1::ShardId { collection: key.0.to_string(), shard: key.1 }),
+            vacuumed,
+            steps,
+            pending,
+            points: stats.live,
+            tombstones: stats.tombstones,
+            disk_bytes: stats.disk_bytes,
+            used_bytes: stats.used_bytes,
+        })
+    }
+
     pub(crate) async fn stats_of(&self, key: &ShardKey, shard: &Shard) -> Result<v1::ShardStats, ShoalError> {
         let index = Arc::clone(&shard.index);
         let key = key.clone();

@@ -28,6 +28,8 @@ pub(crate) struct NodeMetrics {
     /// Points upserted and deleted by committed batches.
     pub(crate) points_upserted: Counter<u64>,
     pub(crate) points_deleted: Counter<u64>,
+    /// Tombstones unlinked and reclaimed by vacuum steps.
+    pub(crate) vacuumed: Counter<u64>,
     /// Bytes of data files snapshotted or restored, and how long it took.
     pub(crate) snapshot_bytes: Counter<u64>,
     pub(crate) snapshot_duration: Histogram<f64>,
@@ -54,6 +56,10 @@ pub(crate) fn get() -> &'static NodeMetrics {
             queue_wait: seconds("shoal.shard.queue.wait", "A batch part's wait in its shard's writer queue"),
             points_upserted: m.u64_counter("shoal.shard.points.upserted").with_description("Points upserted by committed batches").build(),
             points_deleted: m.u64_counter("shoal.shard.points.deleted").with_description("Points deleted by committed batches").build(),
+            vacuumed: m
+                .u64_counter("shoal.shard.vacuumed")
+                .with_description("Tombstones a shard's vacuum unlinked from the graph and reclaimed")
+                .build(),
             snapshot_bytes: m
                 .u64_counter("shoal.snapshot.data")
                 .with_unit("By")
@@ -82,6 +88,7 @@ struct ShardReading {
     labels: [KeyValue; 2],
     points: u64,
     tombstones: u64,
+    vacuumed: u64,
     link_log_lists: u64,
     disk_bytes: u64,
     map_bytes: u64,
@@ -108,6 +115,7 @@ fn with_reading(f: impl FnOnce(&[ShardReading])) {
                         labels: labels(&key),
                         points: s.live,
                         tombstones: s.tombstones,
+                        vacuumed: s.vacuumed,
                         link_log_lists: s.link_log_lists,
                         disk_bytes: s.disk_bytes,
                         map_bytes: s.map_size,
@@ -139,9 +147,12 @@ pub(crate) fn watch(host: &Arc<ShardHost>) {
 fn register_gauges() {
     let m = meter();
     type Field = fn(&ShardReading) -> u64;
-    let gauges: [(&'static str, &'static str, &'static str, Field); 10] = [
+    let gauges: [(&'static str, &'static str, &'static str, Field); 11] = [
         ("shoal.shard.points", "", "Live points of a shard", |r| r.points),
-        ("shoal.shard.tombstones", "", "Deleted or replaced points still in a shard's graph", |r| r.tombstones),
+        ("shoal.shard.tombstones", "", "Deleted or replaced points whose slots wait for new points", |r| r.tombstones),
+        ("shoal.shard.tombstones.vacuumed", "", "Tombstones the vacuum has unlinked from the graph (part of the tombstones)", |r| {
+            r.vacuumed
+        }),
         ("shoal.shard.link_log.lists", "", "Link lists in a shard's link log, waiting for a fold", |r| r.link_log_lists),
         ("shoal.shard.disk", "By", "Size of a shard's data file", |r| r.disk_bytes),
         ("shoal.shard.lmdb.map", "By", "Size of a shard's LMDB memory map", |r| r.map_bytes),

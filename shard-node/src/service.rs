@@ -81,6 +81,10 @@ impl ShardNode for ShardNodeService {
         Ok(Response::new(self.host.digest(r.into_inner()).await?))
     }
 
+    async fn vacuum_shard(&self, r: Request<v1::VacuumShardStepsRequest>) -> Result<Response<v1::ShardVacuum>, Status> {
+        Ok(Response::new(self.host.vacuum(r.into_inner()).await?))
+    }
+
     async fn apply_log_entries(&self, r: Request<v1::ApplyLogEntriesRequest>) -> Result<Response<v1::ApplyLogEntriesResponse>, Status> {
         Ok(Response::new(self.host.apply_log_entries(r.into_inner()).await?))
     }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use opentelemetry::KeyValue;
-use shoal_engine::{BatchOutcome, Error as EngineError, Index, LogApplied, LogEntry, Write, Written};
+use shoal_engine::{BatchOutcome, Error as EngineError, Index, LogApplied, LogEntry, VacuumOutcome, Write, Written};
 use shoal_proto::ShoalError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -36,11 +36,16 @@ pub struct WriterOptions {
     pub max_group_parts: usize,
     /// Most operations committed together (bounds the transaction's memory).
     pub max_group_ops: usize,
+    /// Tombstones per vacuum step run while the queue is empty and the
+    /// shard's tombstones pass its ratio (0: no vacuum on its own).
+    pub vacuum_step: usize,
 }
 
 impl Default for WriterOptions {
     fn default() -> Self {
-        WriterOptions { queue_depth: 64, max_group_parts: 64, max_group_ops: 50_000 }
+        // A step of 1,000 tombstones takes about as long as a batch of
+        // 1,000 inserts: a write that arrives meanwhile waits that long.
+        WriterOptions { queue_depth: 64, max_group_parts: 64, max_group_ops: 50_000, vacuum_step: 1000 }
     }
 }
 
@@ -51,6 +56,9 @@ pub(crate) enum Work {
     /// Entries of another copy's batch log: applied in a transaction of
     /// their own, all or none, in queue order with everything else.
     Log { entries: Vec<LogEntry>, epoch: u64 },
+    /// One vacuum step of up to `max` tombstones, in a transaction of its
+    /// own (`shoalctl shard vacuum`).
+    Vacuum { max: usize },
 }
 
 impl Work {
@@ -59,6 +67,7 @@ impl Work {
             Work::Write(Write::Batch { batch, .. }) => batch.ops.len(),
             Work::Write(Write::Fence { .. }) => 1,
             Work::Log { entries, .. } => entries.iter().map(|e| e.points.len() + e.deletes.len()).sum(),
+            Work::Vacuum { max } => *max,
         }
     }
 }
@@ -67,6 +76,7 @@ impl Work {
 pub(crate) enum Answer {
     Written(Written),
     Log(LogApplied),
+    Vacuumed(VacuumOutcome),
 }
 
 /// Why a job was not done.
@@ -139,16 +149,27 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
     loop {
         let first = match held.take() {
             Some(job) => job,
-            None => match rx.recv().await {
-                Some(job) => job,
-                None => break,
+            None => match rx.try_recv() {
+                Ok(job) => job,
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    // Idle: a vacuum step if one is due, then look again
+                    // (writes that came meanwhile go first).
+                    if opts.vacuum_step > 0 && idle_vacuum(&index, opts.vacuum_step, &labels).await {
+                        continue;
+                    }
+                    match rx.recv().await {
+                        Some(job) => job,
+                        None => break,
+                    }
+                }
             },
         };
         let mut ops = first.work.ops();
         let mut jobs = vec![first];
         while matches!(jobs[0].work, Work::Write(_)) && jobs.len() < opts.max_group_parts && ops < opts.max_group_ops {
             match rx.try_recv() {
-                Ok(job) if matches!(job.work, Work::Log { .. }) => {
+                Ok(job) if matches!(job.work, Work::Log { .. } | Work::Vacuum { .. }) => {
                     held = Some(job);
                     break;
                 }
@@ -201,6 +222,39 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
     }
 }
 
+/// Runs one vacuum step if the shard's tombstones are due for one; true if
+/// it vacuumed anything. Failures are logged and end the idle vacuum until
+/// the next write (a damaged shard answers its requests with the error).
+async fn idle_vacuum(index: &Arc<Index>, step: usize, labels: &[KeyValue; 2]) -> bool {
+    let index = Arc::clone(index);
+    let started = Instant::now();
+    let span = tracing::info_span!("vacuum_step", step);
+    let result = tokio::task::spawn_blocking(move || -> Result<Option<VacuumOutcome>, EngineError> {
+        let _in = span.enter();
+        if !index.vacuum_due()? {
+            return Ok(None);
+        }
+        index.vacuum(step).map(Some)
+    })
+    .await;
+    match result {
+        Ok(Ok(Some(o))) => {
+            metrics::get().vacuumed.add(o.vacuumed, labels);
+            tracing::debug!(vacuumed = o.vacuumed, pending = o.pending, seconds = started.elapsed().as_secs_f64(), "vacuum step");
+            o.vacuumed > 0
+        }
+        Ok(Ok(None)) => false,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "vacuum step failed");
+            false
+        }
+        Err(join) => {
+            tracing::error!(error = %join, "vacuum step panicked");
+            false
+        }
+    }
+}
+
 /// Commits one group: writes together, or one log job alone. The outer
 /// error means nothing was committed.
 fn commit(index: &Index, works: Vec<Work>) -> Result<Vec<Result<Answer, Failure>>, ShoalError> {
@@ -211,6 +265,9 @@ fn commit(index: &Index, works: Vec<Work>) -> Result<Vec<Result<Answer, Failure>
             // Gathered alone (see `run`).
             Work::Log { entries, epoch } => {
                 return Ok(vec![index.apply_log(entries, epoch).map(Answer::Log).map_err(Failure::Refused)]);
+            }
+            Work::Vacuum { max } => {
+                return Ok(vec![index.vacuum(max).map(Answer::Vacuumed).map_err(Failure::Refused)]);
             }
         }
     }

@@ -527,3 +527,44 @@ fn tls_auth_runbook_secure_a_cluster() {
         }
     });
 }
+
+/// The tombstones of every shard of `name` (as its primary counts them).
+fn tombstones_of(endpoint: &str, name: &str) -> Vec<u64> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut client = shoal_proto::v1::shoal_client::ShoalClient::connect(endpoint.to_owned()).await.unwrap();
+        let c = client.describe_collection(v1::DescribeCollectionRequest { name: name.into() }).await.unwrap().into_inner();
+        c.shards.iter().map(|s| s.tombstones).collect()
+    })
+}
+
+#[test]
+fn etcd_runbook_a_shard_under_churn() {
+    // The nodes do not vacuum on their own: the runbook does it.
+    let env = [("SHOAL_SHARD_WRITER__VACUUM_STEP", "0")];
+    let Some(dev) = DevCluster::on_test_etcd_with_env("etcd_runbook_a_shard_under_churn", 2, 1, &env) else { return };
+    let endpoint = dev.endpoint();
+    shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "2", "--replication-factor", "2"]);
+    ingest_job(&endpoint, 1..=10);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut client = shoal_proto::v1::shoal_client::ShoalClient::connect(endpoint.clone()).await.unwrap();
+        let r = client.delete(v1::DeleteRequest { collection: "docs".into(), ids: (0..600).collect() }).await.unwrap().into_inner();
+        assert_eq!(r.deleted, 600);
+    });
+    assert_eq!(tombstones_of(&endpoint, "docs").iter().sum::<u64>(), 600);
+    let cwd = tempfile::tempdir().unwrap();
+    run_runbook_in("a-shard-under-churn.md", &[("SHOAL_ENDPOINT", endpoint.clone()), ("COLLECTION", "docs".into())], cwd.path());
+    // As it says: every copy of every shard vacuumed its tombstones
+    // (all but a retired entry point)...
+    let out = std::fs::read_to_string(cwd.path().join("vacuum.txt")).unwrap();
+    let vacuumed: u64 = out.lines().filter_map(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok()).sum();
+    assert_eq!(out.lines().count(), 4, "two shards, two copies each: {out}");
+    assert!(vacuumed >= 2 * (600 - 2), "{out}");
+    // ...nothing live was lost, and new points take the vacuumed slots.
+    assert_eq!(points_of(&endpoint, "docs"), 400);
+    ingest_job(&endpoint, 11..=16);
+    assert_eq!(points_of(&endpoint, "docs"), 1_000);
+    assert!(tombstones_of(&endpoint, "docs").iter().all(|&t| t <= 1), "{:?}", tombstones_of(&endpoint, "docs"));
+    dev.interrupt();
+}
