@@ -103,7 +103,7 @@ pub(crate) struct Args {
     plan_only: bool,
 }
 
-/// How a point's vector is made: normalise(w·base[a] + (1−w)·base[b]).
+/// How a point's vector is made: `normalise(w·base[a] + (1−w)·base[b])`.
 #[derive(Clone, Copy, Debug)]
 struct Recipe {
     a: usize,

@@ -22,7 +22,7 @@ pub struct IndexOptions {
     /// Memory map size to start with. Default 256 MiB.
     pub initial_map_size: u64,
     /// Ceiling the map grows to on demand; past it writes fail with
-    /// [`Error::MapSizeLimit`]. Default 1 TiB (address space, not disk).
+    /// [`Error::MapSizeLimit`](crate::Error::MapSizeLimit). Default 1 TiB (address space, not disk).
     pub max_map_size: u64,
     /// Flush every commit to disk before acknowledging it. Default true.
     pub durable: bool,
@@ -47,7 +47,7 @@ pub struct IndexOptions {
     /// Idle search sessions kept for reuse. Default 64.
     pub max_idle_sessions: usize,
     /// How long growing the map waits for open read transactions (snapshots,
-    /// searches) before the batch fails with [`Error::ResizeBlocked`].
+    /// searches) before the batch fails with [`Error::ResizeBlocked`](crate::Error::ResizeBlocked).
     /// Searches keep running meanwhile. Default 30 s.
     pub resize_wait: Duration,
     /// Budget for the vector addresses all threads share across commits
@@ -60,7 +60,7 @@ pub struct IndexOptions {
     /// nodes. Default `LinkLog::Auto { fold_lists: 131_072 }`.
     pub link_log: LinkLog,
     /// How many recent batches the batch log keeps for other copies to
-    /// catch up from (see [`Index::read_log`]). Default 10,000 batches or
+    /// catch up from (see [`Index::read_log`](crate::Index::read_log)). Default 10,000 batches or
     /// 256 MiB, whichever is reached first; [`BatchLogRetention::OFF`]
     /// keeps none.
     pub batch_log: BatchLogRetention,

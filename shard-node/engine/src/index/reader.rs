@@ -40,9 +40,9 @@ pub struct IndexStats {
     /// Commits since the index was opened.
     pub commits: u64,
     /// Bottom-layer lists in the link log, waiting for a fold (see
-    /// [`LinkLog`]); a list changed by two batches counts twice.
+    /// [`LinkLog`](crate::LinkLog)); a list changed by two batches counts twice.
     pub link_log_lists: u64,
-    /// The shard's epoch (see [`Index::fence`]).
+    /// The shard's epoch (see [`Index::fence`](crate::Index::fence)).
     pub epoch: u64,
     /// Sequence number of the last applied batch (0: none yet).
     pub last_seq: u64,
@@ -60,9 +60,9 @@ impl Index {
     /// many as fit in `max_bytes` of stored entries (at least one if there
     /// is one), with the log's first and last numbers. A copy restored
     /// from a snapshot of this shard holds the batches up to its own
-    /// `last_seq` and reads from the one after. [`Error::LogTruncated`]
+    /// `last_seq` and reads from the one after. [`Error::LogTruncated`](crate::Error::LogTruncated)
     /// if the log no longer reaches back to `from_seq` (re-seed the copy
-    /// from a snapshot); [`Error::LogAhead`] if `from_seq` is past the
+    /// from a snapshot); [`Error::LogAhead`](crate::Error::LogAhead) if `from_seq` is past the
     /// next batch.
     pub fn read_log(&self, from_seq: u64, max_bytes: u64) -> Result<LogRead> {
         let _shared = self.resize.read();
@@ -76,7 +76,7 @@ impl Index {
         self.search_until(query, params, &Stop::never())
     }
 
-    /// As [`Index::search`], but gives up with [`Error::Stopped`] once
+    /// As [`Index::search`](crate::Index::search), but gives up with [`Error::Stopped`](crate::Error::Stopped) once
     /// `stop` says so (a deadline passed, the caller went away).
     pub fn search_until(&self, query: &[f32], params: SearchParams, stop: &Stop) -> Result<Vec<Hit>> {
         params.validate()?;
@@ -171,7 +171,7 @@ impl Index {
     }
 }
 
-/// A consistent read view of one commit (see [`Index::snapshot`]).
+/// A consistent read view of one commit (see [`Index::snapshot`](crate::Index::snapshot)).
 pub struct Snapshot<'i> {
     pub(super) index: &'i Index,
     pub(super) session: Session,
@@ -184,7 +184,7 @@ impl Snapshot<'_> {
         self.search_until(query, params, &Stop::never())
     }
 
-    /// As [`Snapshot::search`], but gives up with [`Error::Stopped`] once
+    /// As [`Snapshot::search`], but gives up with [`Error::Stopped`](crate::Error::Stopped) once
     /// `stop` says so.
     pub fn search_until(&mut self, query: &[f32], params: SearchParams, stop: &Stop) -> Result<Vec<Hit>> {
         params.validate()?;

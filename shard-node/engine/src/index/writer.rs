@@ -26,14 +26,14 @@ use super::{Index, LinkLog};
 
 impl Index {
     /// Applies one batch atomically, unfenced. Invalid input is an
-    /// [`Error::Invalid`] and changes nothing.
+    /// [`Error::Invalid`](crate::Error::Invalid) and changes nothing.
     pub fn apply(&self, batch: Batch) -> Result<BatchOutcome> {
         self.apply_fenced(batch, 0)
     }
 
     /// Applies one batch atomically if `epoch` is not below the shard's
     /// (0: unfenced); a higher epoch becomes the shard's in the batch's
-    /// transaction. A lower one is [`Error::StaleEpoch`] and changes
+    /// transaction. A lower one is [`Error::StaleEpoch`](crate::Error::StaleEpoch) and changes
     /// nothing.
     pub fn apply_fenced(&self, batch: Batch, epoch: u64) -> Result<BatchOutcome> {
         match self.write_one(Item { batch, kind: Kind::Fresh, epoch })? {
@@ -46,7 +46,7 @@ impl Index {
     /// then on writes stamped with a lower epoch are refused. Ordered
     /// with batches by the writer lock: a batch in flight commits first.
     /// Raising to the current epoch changes nothing; lowering it is
-    /// [`Error::EpochLowered`].
+    /// [`Error::EpochLowered`](crate::Error::EpochLowered).
     pub fn fence(&self, epoch: u64) -> Result<u64> {
         match self.write_one(Item { batch: Batch::default(), kind: Kind::Fence, epoch })? {
             Done::Fenced { epoch } => Ok(epoch),
@@ -97,10 +97,10 @@ impl Index {
     }
 
     /// Applies entries of another copy's batch log (see
-    /// [`Index::read_log`]) in one write transaction, all or none, fenced
+    /// [`Index::read_log`](crate::Index::read_log)) in one write transaction, all or none, fenced
     /// by `epoch` like a batch. Each entry applies only if its sequence
     /// number is the one after this copy's last: entries this copy holds
-    /// already are skipped, a gap is [`Error::LogGap`]. An applied entry
+    /// already are skipped, a gap is [`Error::LogGap`](crate::Error::LogGap). An applied entry
     /// moves its source's offset (never backwards) and is appended to
     /// this copy's own log under the same number, so this copy's log
     /// continues the other's.
@@ -636,7 +636,7 @@ impl Index {
     /// Writes every changed link list: upper layers one value per node;
     /// on the bottom layer, new nodes' lists into their blocks and existing
     /// nodes' lists either into theirs or appended to the link log (see
-    /// [`LinkLog`]). Returns the log's next version if this commit appends
+    /// [`LinkLog`](crate::LinkLog)). Returns the log's next version if this commit appends
     /// to it or folds it.
     pub(super) fn write_links(
         &self,
