@@ -1,0 +1,69 @@
+"""hnswlib's "1k into N" for sizes that ../shared/peers/bench.py does not take.
+
+bench.py times 1,000 inserts into 10k, 30k and 100k only. This builds an
+hnswlib index of each --sizes N with bench.py's own wrapper (same
+parameters, 10k batches on --threads), then times adding the next 1,000
+rows in one call, as bench.py and `index-bench --incremental-sizes` do.
+
+  $py loadtest/scale/hnswlib-insert.py --base $MILLION/base.fvecs \
+      --sizes 100000,1000000 --m 16 --ef-construction 100 --threads 2 --json hnswlib-insert.json
+
+Prints and writes {"lib": "hnswlib", "incremental": [{"base", "added",
+"ms_per_vector", "build_seconds", "build_vectors_per_s"}], "peak_rss_bytes"}.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--sizes", default="100000,1000000")
+    ap.add_argument("--added", type=int, default=1000)
+    ap.add_argument("--metric", default="cosine")
+    ap.add_argument("--m", type=int, default=16)
+    ap.add_argument("--ef-construction", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=10_000)
+    ap.add_argument("--peers", default=os.path.join(os.environ.get("SHOAL_SHARED", os.path.join(here, "../../../shared")), "peers"))
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    sys.path.insert(0, a.peers)
+    import bench  # ../shared/peers/bench.py: read_vecs, Hnswlib, peak_rss_anon
+
+    base = bench.read_vecs(a.base, np.float32)
+    dim = base.shape[1]
+    out = []
+    for size in [int(s) for s in a.sizes.split(",")]:
+        if size + a.added > len(base):
+            print(f"skipping {a.added} into {size}: the base file has {len(base)} vectors", file=sys.stderr)
+            continue
+        ix = bench.Hnswlib(dim, a.metric, a.m, a.ef_construction, a.threads, size + a.added)
+        t0 = time.perf_counter()
+        for s in range(0, size, a.batch_size):
+            e = min(size, s + a.batch_size)
+            ix.add(base[s:e], np.arange(s, e))
+        build = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ix.add(base[size:size + a.added], np.arange(size, size + a.added))
+        ms = (time.perf_counter() - t0) * 1000 / a.added
+        print(f"hnswlib: built {size} in {build:.1f}s ({size / build:.0f}/s); {a.added} into {size}: {ms:.4f} ms/vector",
+              file=sys.stderr, flush=True)
+        out.append({"base": size, "added": a.added, "ms_per_vector": round(ms, 4),
+                    "build_seconds": round(build, 3), "build_vectors_per_s": round(size / build, 1)})
+        del ix
+    res = {"lib": "hnswlib", "params": {"m": a.m, "ef_construction": a.ef_construction, "threads": a.threads,
+           "metric": a.metric, "batch_size": a.batch_size}, "incremental": out, "peak_rss_bytes": bench.peak_rss_anon()}
+    print(json.dumps(res, indent=2))
+    if a.json:
+        json.dump(res, open(a.json, "w"), indent=2)
+
+
+if __name__ == "__main__":
+    main()
