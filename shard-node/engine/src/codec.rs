@@ -1,27 +1,22 @@
-//! Byte layouts of every key and value the engine stores.
+//! Byte layouts of the values the engine stores; their keys are typed by
+//! the `table` module.
 //!
-//! All databases are `Database<Bytes, Bytes>` and the typed encoding lives
-//! here: heed's integer codecs allocate a `Vec` for every key they encode,
-//! which is measurable on the search path, while these functions work on
-//! fixed-size arrays on the stack.
-//!
-//! Keys are big-endian so that LMDB's byte order is numeric order and
-//! sequential internal ids append to the B-trees instead of splitting pages
-//! all over the file. Values are little-endian (the CPU's order) so vectors
-//! can be read in place.
+//! Values are little-endian (the CPU's order) so vectors can be read in
+//! place.
 
 use crate::metric::Metric;
 use crate::params::IndexParams;
 
-/// Key of a per-node database: the internal id, big-endian.
+/// Value of the external-id map: the live internal id an external id
+/// maps to, big-endian like the keys that hold internal ids.
 #[inline]
-pub(crate) fn id_key(id: u32) -> [u8; 4] {
+pub(crate) fn mapped_id(id: u32) -> [u8; 4] {
     id.to_be_bytes()
 }
 
-/// Inverse of [`id_key`].
-pub(crate) fn decode_id_key(key: &[u8]) -> Option<u32> {
-    Some(u32::from_be_bytes(key.try_into().ok()?))
+/// Inverse of [`mapped_id`].
+pub(crate) fn decode_mapped_id(b: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(b.try_into().ok()?))
 }
 
 /// A vector's stored bytes: its f32s in little-endian order.
@@ -30,47 +25,6 @@ pub(crate) fn vector_bytes(v: &[f32]) -> &[u8] {
     // slice covers exactly the vector's memory. shoal targets little-endian
     // platforms only (checked at compile time in lib.rs).
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-/// Key of an upper-layer link list: (level, id), so each layer is one
-/// contiguous, append-only run of the B-tree and upper layers stay compact.
-#[inline]
-pub(crate) fn upper_key(level: u8, id: u32) -> [u8; 5] {
-    let mut k = [0u8; 5];
-    k[0] = level;
-    k[1..].copy_from_slice(&id.to_be_bytes());
-    k
-}
-
-/// Kind of a retired id, the first byte of its key in the retired table:
-/// still linked (a tombstone that routes searches) or vacuumed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Retired {
-    Linked = 0,
-    Vacuumed = 1,
-}
-
-/// Key of a retired id: (kind, id), so the vacuum finds the linked ones
-/// and reuse the vacuumed ones first, each in one contiguous run.
-#[inline]
-pub(crate) fn retired_key(kind: Retired, id: u32) -> [u8; 5] {
-    upper_key(kind as u8, id)
-}
-
-/// Inverse of [`retired_key`].
-pub(crate) fn decode_retired_key(key: &[u8]) -> Option<(Retired, u32)> {
-    let kind = match key.first()? {
-        0 => Retired::Linked,
-        1 => Retired::Vacuumed,
-        _ => return None,
-    };
-    Some((kind, decode_id_key(key.get(1..)?)?))
-}
-
-/// Key of the external-id map: the user's 64-bit id, big-endian.
-#[inline]
-pub(crate) fn external_key(id: u64) -> [u8; 8] {
-    id.to_be_bytes()
 }
 
 /// Flags of a node record.
@@ -455,14 +409,6 @@ mod tests {
         fn params_round_trip(dim in 1u32..65536, m in 2u16..256, efc in 1u32..4096, seed: u64, metric in 0usize..3) {
             let p = IndexParams { dim, metric: Metric::ALL[metric], m, m0: m * 2, ef_construction: efc, seed };
             prop_assert_eq!(decode_params(&encode_params(&p)), Ok(p));
-        }
-
-        #[test]
-        fn keys_sort_numerically(a: u32, b: u32, la: u8, lb: u8) {
-            prop_assert_eq!(id_key(a).cmp(&id_key(b)), a.cmp(&b));
-            prop_assert_eq!(upper_key(la, a).cmp(&upper_key(lb, b)), (la, a).cmp(&(lb, b)));
-            prop_assert_eq!(external_key(u64::from(a)).cmp(&external_key(u64::from(b))), a.cmp(&b));
-            prop_assert_eq!(decode_id_key(&id_key(a)), Some(a));
         }
     }
 

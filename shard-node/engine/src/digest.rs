@@ -41,12 +41,11 @@ pub(crate) fn content_digest(store: &Store, txn: &RoTxn<'_, WithoutTls>, vector_
     // ids' numeric order, the same on every copy.
     for item in store.dbs.external.iter(txn).map_err(|e| store.err(e))? {
         let (external, internal) = item.map_err(|e| store.err(e))?;
-        let internal = codec::decode_id_key(internal).ok_or_else(|| corrupt(format!("id map entry {external:?} is malformed")))?;
-        let key = codec::id_key(internal);
+        let internal = codec::decode_mapped_id(internal).ok_or_else(|| corrupt(format!("id map entry {external} is malformed")))?;
         let vector = store
             .dbs
             .vectors
-            .get(txn, &key)
+            .get(txn, internal)
             .map_err(|e| store.err(e))?
             .ok_or_else(|| corrupt(format!("live point {internal} has no vector")))?;
         // Checked before they are read: a damaged length would run the
@@ -54,13 +53,13 @@ pub(crate) fn content_digest(store: &Store, txn: &RoTxn<'_, WithoutTls>, vector_
         if vector.len() != vector_bytes {
             return Err(corrupt(format!("vector of node {internal} has {} bytes, expected {vector_bytes}", vector.len())));
         }
-        let payload = store.dbs.payloads.get(txn, &key).map_err(|e| store.err(e))?;
+        let payload = store.dbs.payloads.get(txn, internal).map_err(|e| store.err(e))?;
         if let Some(p) = payload {
             store.check_len(p.len(), || format!("the payload of node {internal}"))?;
         }
         // Lengths go in before the bytes so that no two different points
-        // hash the same stream.
-        hasher.update(external);
+        // hash the same stream; the id goes in big-endian, as it is stored.
+        hasher.update(&external.to_be_bytes());
         hasher.update(&(vector.len() as u64).to_le_bytes());
         hasher.update(vector);
         match payload {

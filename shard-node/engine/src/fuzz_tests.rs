@@ -32,6 +32,7 @@ use crate::metric::Metric;
 use crate::params::IndexParams;
 use crate::quant::{self, Code, OwnedCode, Walk};
 use crate::stop::Stop;
+use crate::table::{Block, Epoch, ExternalId, InternalId, LevelId, RetiredKey, Seq, TableKey};
 use crate::view::Graph;
 use crate::{batch_log, nibble, session};
 
@@ -354,15 +355,29 @@ fn fake_graph() -> impl Strategy<Value = FakeData> {
 proptest! {
     #![proptest_config(config(2000))]
 
-    /// Keys: internal ids (u32 BE), external ids and offsets (u64 BE), link
-    /// log epochs and batch sequence numbers (u64 BE).
+    /// Keys: internal ids and block numbers (u32 BE), external ids, link
+    /// log epochs and batch sequence numbers (u64 BE), (level, id) and
+    /// (kind, id) pairs; and the u32 and u64 BE values (the id map's
+    /// internal ids, sources' offsets).
     #[test]
-    fn fuzz_id_keys(b in hostile(prop_oneof![any::<u32>().prop_map(|i| codec::id_key(i).to_vec()), any::<u64>().prop_map(|i| i.to_be_bytes().to_vec())])) {
-        prop_assert_eq!(codec::decode_id_key(&b).is_some(), b.len() == 4);
-        prop_assert_eq!(batch_log::decode_key(&b).is_some(), b.len() == 8);
-        prop_assert_eq!(session::decode_offset(&b).is_some(), b.len() == 8);
-        if let Some(id) = codec::decode_id_key(&b) {
-            prop_assert_eq!(&codec::id_key(id)[..], &b[..]);
+    fn fuzz_id_keys(b in hostile(prop_oneof![
+        any::<u32>().prop_map(|i| InternalId::encode(i).to_vec()),
+        any::<u64>().prop_map(|i| Seq::encode(i).to_vec()),
+        any::<(u8, u32)>().prop_map(|k| LevelId::encode(k).to_vec()),
+    ])) {
+        prop_assert_eq!(InternalId::decode(&b).is_some(), b.len() == 4);
+        prop_assert_eq!(Block::decode(&b).is_some(), b.len() == 4);
+        prop_assert_eq!(codec::decode_mapped_id(&b).is_some(), b.len() == 4);
+        for decoded in [ExternalId::decode(&b), Epoch::decode(&b), Seq::decode(&b), session::decode_offset(&b)] {
+            prop_assert_eq!(decoded.is_some(), b.len() == 8);
+        }
+        prop_assert_eq!(LevelId::decode(&b).is_some(), b.len() == 5);
+        prop_assert_eq!(RetiredKey::decode(&b).is_some(), b.len() == 5 && b[0] < 2);
+        if let Some(id) = InternalId::decode(&b) {
+            prop_assert_eq!(&InternalId::encode(id)[..], &b[..]);
+        }
+        if let Some(key) = RetiredKey::decode(&b) {
+            prop_assert_eq!(&RetiredKey::encode(key)[..], &b[..]);
         }
     }
 

@@ -9,12 +9,13 @@ use std::sync::atomic::AtomicU64;
 use parking_lot::{Mutex, RwLock};
 
 use crate::cache::SharedAddrs;
-use crate::codec::{self, Retired, State};
+use crate::codec::{self, State};
 use crate::error::{Error, Result};
 use crate::links_log::{LogIndex, LogVersions};
 use crate::params::IndexParams;
 use crate::session::{self, Session};
 use crate::store::{self, Store, StoreOptions};
+use crate::table::Retired;
 
 mod options;
 mod reader;
@@ -245,10 +246,9 @@ fn list_retired_ids(store: &Store) -> Result<()> {
     tracing::info!(path = %store.path.display(), listed, tombstones = state.tombstones, "listing the retired ids of the index");
     let mut ids = Vec::with_capacity(state.tombstones as usize);
     for item in store.dbs.nodes.iter(&wtxn).map_err(err)? {
-        let (key, value) = item.map_err(err)?;
-        let corrupt = || Error::Corrupt { path: store.path.clone(), detail: format!("node record {key:?} is malformed") };
-        let id = codec::decode_id_key(key).ok_or_else(corrupt)?;
-        let record = codec::NodeRecord::decode(value).ok_or_else(corrupt)?;
+        let (id, value) = item.map_err(err)?;
+        let record = codec::NodeRecord::decode(value)
+            .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("record of node {id} is malformed") })?;
         if record.is_tombstone() {
             ids.push((if record.is_vacuumed() { Retired::Vacuumed } else { Retired::Linked }, id));
         }
@@ -268,7 +268,7 @@ fn list_retired_ids(store: &Store) -> Result<()> {
     store.dbs.retired.clear(&mut wtxn).map_err(err)?;
     ids.sort_unstable_by_key(|&(k, id)| (k as u8, id));
     for (kind, id) in ids {
-        store.dbs.retired.put_with_flags(&mut wtxn, heed::PutFlags::APPEND, &codec::retired_key(kind, id), &[]).map_err(err)?;
+        store.dbs.retired.append(&mut wtxn, (kind, id), &[]).map_err(err)?;
     }
     wtxn.commit().map_err(err)
 }
@@ -331,9 +331,8 @@ mod tests {
         {
             let mut wtxn = index.store.env.write_txn().unwrap();
             let cb = crate::quant::code_bytes(384);
-            let key = codec::id_key(1);
-            let short = index.store.dbs.codes.get(&wtxn, &key).unwrap().unwrap()[..2 * cb].to_vec();
-            index.store.dbs.codes.put(&mut wtxn, &key, &short).unwrap();
+            let short = index.store.dbs.codes.get(&wtxn, 1).unwrap().unwrap()[..2 * cb].to_vec();
+            index.store.dbs.codes.put(&mut wtxn, 1, &short).unwrap();
             wtxn.commit().unwrap();
         }
         let q: Vec<f32> = (0..384).map(|j| (j % 5) as f32 - 2.0).collect();
@@ -355,15 +354,14 @@ mod tests {
         index.apply(Batch::upserts((0..100).map(point))).unwrap();
         index.apply(Batch::upserts((100..150).map(point))).unwrap();
         assert!(index.stats().unwrap().link_log_lists > 0);
-        let (key, value) = {
+        let (epoch, value) = {
             let txn = index.store.env.read_txn().unwrap();
-            let (k, v) = index.store.dbs.links0_log.first(&txn).unwrap().unwrap();
-            (k.to_vec(), v.to_vec())
+            let (epoch, v) = index.store.dbs.links0_log.iter(&txn).unwrap().next().unwrap().unwrap();
+            (epoch, v.to_vec())
         };
-        let epoch = u64::from_be_bytes(key.as_slice().try_into().unwrap());
         let damage = |index: &Index, value: &[u8]| {
             let mut wtxn = index.store.env.write_txn().unwrap();
-            index.store.dbs.links0_log.put(&mut wtxn, &key, value).unwrap();
+            index.store.dbs.links0_log.put(&mut wtxn, epoch, value).unwrap();
             wtxn.commit().unwrap();
         };
         // Cut short: the count promises more records than the value holds.
@@ -390,7 +388,7 @@ mod tests {
             let mut bad = value.clone();
             bad[4..8].copy_from_slice(&10_000u32.to_le_bytes());
             let mut wtxn = store.env.write_txn().unwrap();
-            store.dbs.links0_log.put(&mut wtxn, &key, &bad).unwrap();
+            store.dbs.links0_log.put(&mut wtxn, epoch, &bad).unwrap();
             wtxn.commit().unwrap();
             drop(store);
             Index::open(dir.path(), opts)
@@ -484,14 +482,16 @@ mod tests {
                 let mut checked = 0;
                 // The codes table is keyed by block, the vectors one by id,
                 // each like its database.
-                for (table, db) in [(&shared.codes, index.store.dbs.codes), (&shared.vectors, index.store.dbs.vectors)] {
+                let code_block = |block| index.store.dbs.codes.get(&txn, block).unwrap().unwrap().as_ptr() as usize;
+                let vector = |id| index.store.dbs.vectors.get(&txn, id).unwrap().unwrap().as_ptr() as usize;
+                let fresh: [&dyn Fn(u32) -> usize; 2] = [&code_block, &vector];
+                for (table, fresh) in [&shared.codes, &shared.vectors].into_iter().zip(fresh) {
                     for id in 0..state.next_id {
                         let addr = table.get(id);
                         if addr == 0 {
                             continue;
                         }
-                        let fresh = db.get(&txn, &codec::id_key(id)).unwrap().unwrap();
-                        assert_eq!(addr, fresh.as_ptr() as usize, "dim {dim} round {round}: id {id} moved");
+                        assert_eq!(addr, fresh(id), "dim {dim} round {round}: id {id} moved");
                         checked += 1;
                     }
                 }

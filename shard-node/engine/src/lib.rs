@@ -45,6 +45,7 @@ mod quant;
 mod session;
 mod stop;
 mod store;
+mod table;
 mod view;
 
 pub use batch::{Batch, BatchOutcome, MAX_SOURCE_BYTES, Op, Point, SourceOffset, Write, Written};

@@ -127,8 +127,7 @@ impl LogIndex {
         let corrupt = |detail: String| Error::Corrupt { path: store.path.clone(), detail };
         let mut index = LogIndex::default();
         for item in store.dbs.links0_log.iter(txn).map_err(|e| store.err(e))? {
-            let (key, value) = item.map_err(|e| store.err(e))?;
-            let epoch = key.try_into().map(u64::from_be_bytes).map_err(|_| corrupt(format!("link log key of {} bytes", key.len())))?;
+            let (epoch, value) = item.map_err(|e| store.err(e))?;
             store.check_len(value.len(), || format!("link log value {epoch}"))?;
             if index.values.len() >= MAX_VALUES {
                 return Err(corrupt(format!("link log holds more than {MAX_VALUES} values")));
@@ -182,7 +181,7 @@ impl<'t> Value<'t> {
         let value = store
             .dbs
             .links0_log
-            .get(txn, &epoch.to_be_bytes())
+            .get(txn, epoch)
             .map_err(|e| store.err(e))?
             .ok_or_else(|| corrupt(format!("link log value {epoch} is missing")))?;
         store.check_len(value.len(), || format!("link log value {epoch}"))?;

@@ -231,7 +231,7 @@ impl Session {
 }
 
 fn payload(store: &Store, txn: &RoTxn<'_, WithoutTls>, internal: u32) -> Result<Option<Vec<u8>>> {
-    let p = store.dbs.payloads.get(txn, &codec::id_key(internal)).map_err(|e| store.err(e))?;
+    let p = store.dbs.payloads.get(txn, internal).map_err(|e| store.err(e))?;
     if let Some(p) = p {
         store.check_len(p.len(), || format!("the payload of node {internal}"))?;
     }
@@ -247,10 +247,10 @@ pub(crate) fn read_state(store: &Store, txn: &RoTxn<'_, WithoutTls>) -> Result<S
 }
 
 pub(crate) fn lookup_external(store: &Store, txn: &RoTxn<'_, WithoutTls>, id: u64) -> Result<Option<u32>> {
-    let v = store.dbs.external.get(txn, &codec::external_key(id)).map_err(|e| store.err(e))?;
+    let v = store.dbs.external.get(txn, id).map_err(|e| store.err(e))?;
     match v {
         None => Ok(None),
-        Some(b) => codec::decode_id_key(b)
+        Some(b) => codec::decode_mapped_id(b)
             .map(Some)
             .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("id map entry of {id} is malformed") }),
     }
@@ -285,7 +285,7 @@ pub(crate) fn decode_offset(b: &[u8]) -> Option<u64> {
 
 /// Record of node `id` read without a cache (cold paths).
 pub(crate) fn read_node(store: &Store, txn: &RoTxn<'_, WithoutTls>, id: u32) -> Result<NodeRecord> {
-    let b = store.dbs.nodes.get(txn, &codec::id_key(id)).map_err(|e| store.err(e))?;
+    let b = store.dbs.nodes.get(txn, id).map_err(|e| store.err(e))?;
     b.and_then(NodeRecord::decode)
         .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("record of node {id} is missing") })
 }

@@ -3,45 +3,43 @@
 use std::path::{Path, PathBuf};
 
 use heed::types::Bytes;
-use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, WithoutTls};
+use heed::{CommitOrAbort, Env, EnvFlags, EnvOpenOptions, WithoutTls};
 
 use crate::error::{Error, Result};
+use crate::table::{Block, Epoch, ExternalId, InternalId, LevelId, MalformedKey, Name, RetiredKey, Seq, Table};
 
-/// Every database is raw bytes; `codec` gives the bytes their meaning.
-pub(crate) type Db = Database<'static, Bytes, Bytes>;
-
-/// The databases of one index.
+/// The databases of one index, each typed by its key (see `table`).
 #[derive(Clone, Copy)]
 pub(crate) struct Dbs {
     /// `params`, `state`.
-    pub(crate) meta: Db,
-    /// internal id (BE u32) → prepared vector (dim × f32 LE).
-    pub(crate) vectors: Db,
-    /// internal id → the vector's code (see `quant`), what the graph is
-    /// walked with.
-    pub(crate) codes: Db,
+    pub(crate) meta: Table<Name>,
+    /// internal id → prepared vector (dim × f32 LE).
+    pub(crate) vectors: Table<InternalId>,
+    /// block number → the codes (see `quant`) of its ids
+    /// (`codec::codes_block_nodes`), what the graph is walked with.
+    pub(crate) codes: Table<Block>,
     /// block number → bottom-layer link lists of its ids
     /// (`codec::links0_block_nodes`).
-    pub(crate) links0: Db,
-    /// log epoch (BE u64) → changed bottom-layer lists of existing nodes,
-    /// not yet folded into `links0` (see `links_log`).
-    pub(crate) links0_log: Db,
+    pub(crate) links0: Table<Block>,
+    /// log epoch → changed bottom-layer lists of existing nodes, not yet
+    /// folded into `links0` (see `links_log`).
+    pub(crate) links0_log: Table<Epoch>,
     /// (level, internal id) → upper-layer link list.
-    pub(crate) links_up: Db,
+    pub(crate) links_up: Table<LevelId>,
     /// internal id → [`crate::codec::NodeRecord`] (external id, level, flags).
-    pub(crate) nodes: Db,
-    /// external id (BE u64) → live internal id (BE u32).
-    pub(crate) external: Db,
+    pub(crate) nodes: Table<InternalId>,
+    /// external id → live internal id (`codec::mapped_id`).
+    pub(crate) external: Table<ExternalId>,
     /// internal id → payload bytes, for points that carry one.
-    pub(crate) payloads: Db,
+    pub(crate) payloads: Table<InternalId>,
     /// source name → highest applied offset (BE u64).
-    pub(crate) offsets: Db,
-    /// sequence number (BE u64) → one applied batch (`batch_log`), the
-    /// newest ones within the retention.
-    pub(crate) batch_log: Db,
+    pub(crate) offsets: Table<Name>,
+    /// sequence number → one applied batch (`batch_log`), the newest ones
+    /// within the retention.
+    pub(crate) batch_log: Table<Seq>,
     /// (kind, internal id) → nothing: every retired id (tombstone), the ids
-    /// a later batch may reuse for new points (`codec::retired_key`).
-    pub(crate) retired: Db,
+    /// a later batch may reuse for new points.
+    pub(crate) retired: Table<RetiredKey>,
 }
 
 /// The databases of an index, in the order of [`Dbs`]'s fields.
@@ -129,13 +127,21 @@ impl Store {
             unreachable!("one database per name");
         };
         let page = env.read_txn().ok().and_then(|t| meta.stat(&t).ok()).map_or(page, |s| u64::from(s.page_size));
-        Ok(Store {
-            env,
-            dbs: Dbs { meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets, batch_log, retired },
-            path: path.to_owned(),
-            max_map_size: opts.max_map_size,
-            page,
-        })
+        let dbs = Dbs {
+            meta: Table::new(meta, "meta"),
+            vectors: Table::new(vectors, "vectors"),
+            codes: Table::new(codes, "codes"),
+            links0: Table::new(links0, "links0"),
+            links0_log: Table::new(links0_log, "links0_log"),
+            links_up: Table::new(links_up, "links_up"),
+            nodes: Table::new(nodes, "nodes"),
+            external: Table::new(external, "external"),
+            payloads: Table::new(payloads, "payloads"),
+            offsets: Table::new(offsets, "offsets"),
+            batch_log: Table::new(batch_log, "batch_log"),
+            retired: Table::new(retired, "retired"),
+        };
+        Ok(Store { env, dbs, path: path.to_owned(), max_map_size: opts.max_map_size, page })
     }
 
     /// Maps a heed error to the engine's, naming the environment.
@@ -301,13 +307,19 @@ fn io_error(dir: &Path, file: &Path, source: std::io::Error) -> Error {
 
 /// Maps heed errors: a full device becomes [`Error::DiskFull`], running
 /// out of file descriptors (opening the environment)
-/// [`Error::OpenFileLimit`], LMDB finding its file damaged
-/// [`Error::Corrupt`], everything else keeps its source.
+/// [`Error::OpenFileLimit`], LMDB finding its file damaged, or a table a
+/// key of the wrong shape, [`Error::Corrupt`]; everything else keeps its
+/// source.
 pub(crate) fn storage(path: &Path, e: heed::Error) -> Error {
     if let heed::Error::Mdb(m) = &e
         && let Some(why) = lmdb_corruption(m)
     {
         return Error::Corrupt { path: path.to_owned(), detail: format!("{why} ({e})") };
+    }
+    if let heed::Error::Decoding(d) = &e
+        && let Some(key) = d.downcast_ref::<MalformedKey>()
+    {
+        return Error::Corrupt { path: path.to_owned(), detail: key.to_string() };
     }
     match &e {
         heed::Error::Io(io) if io.raw_os_error() == Some(libc::ENOSPC) => Error::DiskFull { path: path.to_owned() },

@@ -19,6 +19,7 @@ use crate::links_log::{self, LogIndex};
 use crate::params::IndexParams;
 use crate::quant::Code;
 use crate::store::Store;
+use crate::table::{Table, TableKey};
 
 /// Memoised pointers into one transaction's pages.
 pub(crate) struct NodeCache {
@@ -198,8 +199,8 @@ impl<'t> TxnView<'t> {
         Error::Corrupt { path: self.store.path.clone(), detail }
     }
 
-    fn fetch(&self, db: crate::store::Db, key: &[u8], len: usize, what: &str, id: u32) -> Result<*const u8> {
-        match db.get(self.txn, key).map_err(|e| self.store.err(e))? {
+    fn fetch<K: TableKey>(&self, table: Table<K>, key: K::Key<'_>, len: usize, what: &str, id: u32) -> Result<*const u8> {
+        match table.get(self.txn, key).map_err(|e| self.store.err(e))? {
             Some(bytes) if bytes.len() == len => Ok(bytes.as_ptr()),
             Some(bytes) => Err(self.corrupt(format!("{what} of node {id} has {} bytes, expected {len}", bytes.len()))),
             None => Err(self.corrupt(format!("{what} of node {id} is missing"))),
@@ -211,7 +212,7 @@ impl<'t> TxnView<'t> {
         let ptr = match self.cache.nodes.get(id).get() {
             Some(p) => p,
             None => {
-                let p = self.fetch(self.store.dbs.nodes, &codec::id_key(id), NodeRecord::SIZE, "record", id)?;
+                let p = self.fetch(self.store.dbs.nodes, id, NodeRecord::SIZE, "record", id)?;
                 *self.cache.nodes.slot(id) = RawPtr::new(p);
                 p
             }
@@ -264,7 +265,7 @@ impl<'t> TxnView<'t> {
     /// that it holds `slot` and no more than a block's worth.
     fn fetch_block(&self, block: u32, slot: u32, id: u32) -> Result<(*const u8, u32)> {
         let bytes = self.code_bytes;
-        match self.store.dbs.codes.get(self.txn, &codec::id_key(block)).map_err(|e| self.store.err(e))? {
+        match self.store.dbs.codes.get(self.txn, block).map_err(|e| self.store.err(e))? {
             Some(b) if b.len() % bytes == 0 && b.len() / bytes > slot as usize && b.len() / bytes <= self.codes_block as usize => {
                 Ok((b.as_ptr(), (b.len() / bytes) as u32))
             }
@@ -285,7 +286,7 @@ impl<'t> TxnView<'t> {
         if let Some(p) = self.cache.vectors.get(id).get() {
             return Ok(p.cast());
         }
-        let p = self.fetch(self.store.dbs.vectors, &codec::id_key(id), self.vector_bytes, "vector", id)?;
+        let p = self.fetch(self.store.dbs.vectors, id, self.vector_bytes, "vector", id)?;
         let addr = p as usize;
         if let Some(f) = frozen
             && addr.is_multiple_of(align_of::<f32>())
@@ -372,7 +373,7 @@ impl<'t> TxnView<'t> {
             return Ok(p);
         }
         let block_len = self.links0_bytes * self.links0_block as usize;
-        let p = self.fetch(self.store.dbs.links0, &codec::id_key(block), block_len, "link block", id)?;
+        let p = self.fetch(self.store.dbs.links0, block, block_len, "link block", id)?;
         *self.cache.links0.slot(block) = RawPtr::new(p);
         Ok(p)
     }
@@ -453,8 +454,7 @@ impl<'t> Graph<'t> for TxnView<'t> {
         let ptr = match self.cache.upper.get(&(level, id)).and_then(|p| p.get()) {
             Some(p) => p,
             None => {
-                let key = codec::upper_key(level, id);
-                let p = self.fetch(self.store.dbs.links_up, &key, len, "upper link list", id)?;
+                let p = self.fetch(self.store.dbs.links_up, (level, id), len, "upper link list", id)?;
                 self.cache.upper.insert((level, id), RawPtr::new(p));
                 p
             }

@@ -14,10 +14,11 @@ use heed::RwTxn;
 use super::Index;
 use super::writer::{Attempt, attempt};
 use crate::cache::SharedAddrs;
-use crate::codec::{self, NODE_VACUUMED, Retired, State};
+use crate::codec::{self, NODE_VACUUMED, State};
 use crate::error::{Error, Result};
 use crate::hnsw::build::{BuildCtx, LinkBlocks, Overlay, WorkQueue};
 use crate::session;
+use crate::table::Retired;
 use crate::view::Frozen;
 
 /// What one vacuum step did.
@@ -125,14 +126,13 @@ impl Index {
         let dbs = &store.dbs;
         let err = |e| attempt(store, e);
         for &id in ids {
-            let key = codec::id_key(id);
             let mut record = session::read_node(store, wtxn, id)?;
             record.flags |= NODE_VACUUMED;
-            dbs.nodes.put(wtxn, &key, &record.encode()).map_err(err)?;
-            dbs.vectors.delete(wtxn, &key).map_err(err)?;
-            dbs.payloads.delete(wtxn, &key).map_err(err)?;
-            dbs.retired.delete(wtxn, &codec::retired_key(Retired::Linked, id)).map_err(err)?;
-            dbs.retired.put(wtxn, &codec::retired_key(Retired::Vacuumed, id), &[]).map_err(err)?;
+            dbs.nodes.put(wtxn, id, &record.encode()).map_err(err)?;
+            dbs.vectors.delete(wtxn, id).map_err(err)?;
+            dbs.payloads.delete(wtxn, id).map_err(err)?;
+            dbs.retired.delete(wtxn, (Retired::Linked, id)).map_err(err)?;
+            dbs.retired.put(wtxn, (Retired::Vacuumed, id), &[]).map_err(err)?;
         }
         Ok(())
     }

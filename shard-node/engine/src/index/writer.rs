@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use heed::{PutFlags, RwTxn};
+use heed::RwTxn;
 use parking_lot::Mutex;
 
 use crate::batch::{Batch, BatchOutcome, Op, Write, Written};
 use crate::batch_log::{self, BatchLogRetention, LogApplied, LogEntry};
 use crate::cache::SharedAddrs;
-use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, Retired, State};
+use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, State};
 use crate::error::{Error, InvalidInput, Rejected, Result};
 use crate::hnsw::build::{BuildCtx, LinkBlocks, Overlay, WorkQueue};
 use crate::hnsw::level_for;
@@ -20,6 +20,7 @@ use crate::links_log::{self, LogIndex};
 use crate::plan::{self, Done, Item, Kind, Plan};
 use crate::session::{self};
 use crate::store::{self, Store};
+use crate::table::{Block, Name, Retired, Table};
 use crate::view::Frozen;
 
 use super::{Index, LinkLog};
@@ -223,7 +224,7 @@ impl Index {
             log_first_seq,
             log_bytes,
         };
-        let put = |w: &mut RwTxn<'_>, db: store::Db, k: &[u8], v: &[u8]| db.put(w, k, v).map_err(|e| attempt(store, e));
+        let put = |w: &mut RwTxn<'_>, table: Table<Name>, k: &[u8], v: &[u8]| table.put(w, k, v).map_err(|e| attempt(store, e));
         put(&mut wtxn, store.dbs.meta, codec::META_STATE, &new_state.encode())?;
         for &(source, offset) in &plan.offsets {
             put(&mut wtxn, store.dbs.offsets, source.as_bytes(), &offset.to_be_bytes())?;
@@ -296,19 +297,18 @@ impl Index {
             let points: Vec<_> = points.collect();
             batch_log::encode(&mut value, batch.source.as_ref(), &logged.deletes, points.into_iter(), dim);
             // Sequence numbers only grow: every entry is the largest key.
-            db.put_with_flags(wtxn, PutFlags::APPEND, &batch_log::key(logged.seq), &value).map_err(err)?;
+            db.append(wtxn, logged.seq, &value).map_err(err)?;
             bytes += value.len() as u64;
         }
         // The oldest go first; the newest always stays.
         let mut entries = (plan.last_seq + 1).saturating_sub(first);
         while entries > max_batches || (entries > 1 && bytes > max_bytes) {
-            let key = batch_log::key(first);
             let len = db
-                .get(wtxn, &key)
+                .get(wtxn, first)
                 .map_err(err)?
                 .map(<[u8]>::len)
                 .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("batch log entry {first} is missing") })?;
-            db.delete(wtxn, &key).map_err(err)?;
+            db.delete(wtxn, first).map_err(err)?;
             bytes = bytes.saturating_sub(len as u64);
             first += 1;
             entries -= 1;
@@ -350,18 +350,14 @@ impl Index {
         if wanted == 0 {
             return Ok(ids);
         }
-        let prefix = [kind as u8];
-        for item in store.dbs.retired.prefix_iter(txn, &prefix[..]).map_err(|e| attempt(store, e))? {
-            let (key, _) = item.map_err(|e| attempt(store, e))?;
-            let id = match codec::decode_retired_key(key) {
-                Some((_, id)) if id < state.next_id => id,
-                _ => {
-                    return Err(Attempt::Failed(Error::Corrupt {
-                        path: store.path.clone(),
-                        detail: format!("retired id entry {key:?} is malformed or past the last node {}", state.next_id),
-                    }));
-                }
-            };
+        for id in store.dbs.retired.ids(txn, kind).map_err(|e| attempt(store, e))? {
+            let id = id.map_err(|e| attempt(store, e))?;
+            if id >= state.next_id {
+                return Err(Attempt::Failed(Error::Corrupt {
+                    path: store.path.clone(),
+                    detail: format!("retired id {id} ({kind:?}) is past the last node {}", state.next_id),
+                }));
+            }
             if Some(id) != skip {
                 ids.push(id);
                 if ids.len() == wanted {
@@ -404,12 +400,12 @@ impl Index {
         for &dead in &plan.tombstones {
             let mut record = session::read_node(store, wtxn, dead)?;
             record.flags |= NODE_TOMBSTONE;
-            dbs.nodes.put(wtxn, &codec::id_key(dead), &record.encode()).map_err(err)?;
-            dbs.payloads.delete(wtxn, &codec::id_key(dead)).map_err(err)?;
-            dbs.retired.put(wtxn, &codec::retired_key(Retired::Linked, dead), &[]).map_err(err)?;
+            dbs.nodes.put(wtxn, dead, &record.encode()).map_err(err)?;
+            dbs.payloads.delete(wtxn, dead).map_err(err)?;
+            dbs.retired.put(wtxn, (Retired::Linked, dead), &[]).map_err(err)?;
         }
         for &external in &plan.removed {
-            dbs.external.delete(wtxn, &codec::external_key(external)).map_err(err)?;
+            dbs.external.delete(wtxn, external).map_err(err)?;
         }
         let scale = self.params.level_scale();
         let mut code = Vec::with_capacity(self.params.code_bytes());
@@ -424,32 +420,30 @@ impl Index {
                 Some(&id) => id,
                 None => first_new + (i - reused.len()) as u32,
             };
-            let key = codec::id_key(id);
             let level = level_for(self.params.seed, id, scale);
             levels.push(level);
             if i < reused.len() {
-                dbs.vectors.put(wtxn, &key, codec::vector_bytes(p.vector)).map_err(err)?;
+                dbs.vectors.put(wtxn, id, codec::vector_bytes(p.vector)).map_err(err)?;
                 crate::quant::encode(p.vector, &mut reused_codes);
                 let record = NodeRecord { external: p.external, level, flags: 0 };
-                dbs.nodes.put(wtxn, &key, &record.encode()).map_err(err)?;
+                dbs.nodes.put(wtxn, id, &record.encode()).map_err(err)?;
                 if let Some(payload) = p.payload {
-                    dbs.payloads.put(wtxn, &key, payload).map_err(err)?;
+                    dbs.payloads.put(wtxn, id, payload).map_err(err)?;
                 }
-                dbs.retired.delete(wtxn, &codec::retired_key(Retired::Linked, id)).map_err(err)?;
-                dbs.retired.delete(wtxn, &codec::retired_key(Retired::Vacuumed, id)).map_err(err)?;
+                dbs.retired.delete(wtxn, (Retired::Linked, id)).map_err(err)?;
+                dbs.retired.delete(wtxn, (Retired::Vacuumed, id)).map_err(err)?;
                 ids.push((p.external, id));
                 continue;
             }
-            // Ids only grow, so every new key is the largest: APPEND fills
-            // pages completely instead of splitting them in half.
-            dbs.vectors.put_with_flags(wtxn, PutFlags::APPEND, &key, codec::vector_bytes(p.vector)).map_err(err)?;
+            // Ids only grow, so every new key is the largest.
+            dbs.vectors.append(wtxn, id, codec::vector_bytes(p.vector)).map_err(err)?;
             code.clear();
             crate::quant::encode(p.vector, &mut code);
             codes.extend_from_slice(&code);
             let record = NodeRecord { external: p.external, level, flags: 0 };
-            dbs.nodes.put_with_flags(wtxn, PutFlags::APPEND, &key, &record.encode()).map_err(err)?;
+            dbs.nodes.append(wtxn, id, &record.encode()).map_err(err)?;
             if let Some(payload) = p.payload {
-                dbs.payloads.put_with_flags(wtxn, PutFlags::APPEND, &key, payload).map_err(err)?;
+                dbs.payloads.append(wtxn, id, payload).map_err(err)?;
             }
             ids.push((p.external, id));
         }
@@ -459,7 +453,7 @@ impl Index {
         // order at least keeps each touched page touched once.
         ids.sort_unstable();
         for (external, id) in ids {
-            dbs.external.put(wtxn, &codec::external_key(external), &codec::id_key(id)).map_err(err)?;
+            dbs.external.put(wtxn, external, &codec::mapped_id(id)).map_err(err)?;
         }
         Ok(levels)
     }
@@ -475,9 +469,8 @@ impl Index {
         let mut i = 0;
         while i < reused.len() {
             let block_no = reused[i] / per_block;
-            let key = codec::id_key(block_no);
             block.clear();
-            match store.dbs.codes.get(wtxn, &key).map_err(err)? {
+            match store.dbs.codes.get(wtxn, block_no).map_err(err)? {
                 Some(old) if old.len() % bytes == 0 => block.extend_from_slice(old),
                 found => {
                     let detail = format!("code block {block_no} has {} bytes, not a multiple of {bytes}", found.map_or(0, <[u8]>::len));
@@ -493,19 +486,19 @@ impl Index {
                 slot.copy_from_slice(&codes[i * bytes..(i + 1) * bytes]);
                 i += 1;
             }
-            store.dbs.codes.put(wtxn, &key, &block).map_err(err)?;
+            store.dbs.codes.put(wtxn, block_no, &block).map_err(err)?;
         }
         Ok(())
     }
 
     /// Appends `values` (consecutive fixed-size values of ids `first_new..`)
-    /// to `db`, stored `per_block` to a value keyed by block number: the
+    /// to `table`, stored `per_block` to a value keyed by block number: the
     /// newest block may be partial, so it is read and completed first; the
     /// rest are appended.
     fn write_blocks(
         &self,
         wtxn: &mut RwTxn<'_>,
-        db: store::Db,
+        table: Table<Block>,
         per_block: u32,
         value_bytes: usize,
         first_new: u32,
@@ -518,7 +511,7 @@ impl Index {
         let mut block: Vec<u8> = Vec::with_capacity(full);
         let held = (first_new % per_block) as usize;
         if held > 0 {
-            match db.get(wtxn, &codec::id_key(block_no)).map_err(err)? {
+            match table.get(wtxn, block_no).map_err(err)? {
                 Some(old) if old.len() == held * value_bytes => block.extend_from_slice(old),
                 found => {
                     let detail = format!("block {block_no} has {} bytes, expected {}", found.map_or(0, <[u8]>::len), held * value_bytes);
@@ -533,9 +526,8 @@ impl Index {
             block.extend_from_slice(&rest[..take]);
             rest = &rest[take..];
             if block.len() == full || rest.is_empty() {
-                let key = codec::id_key(block_no);
                 // Block numbers only grow: a new block is the largest key.
-                if replace { db.put(wtxn, &key, &block) } else { db.put_with_flags(wtxn, PutFlags::APPEND, &key, &block) }.map_err(err)?;
+                if replace { table.put(wtxn, block_no, &block) } else { table.append(wtxn, block_no, &block) }.map_err(err)?;
                 block.clear();
                 block_no += 1;
                 replace = false;
@@ -658,7 +650,7 @@ impl Index {
                 old.push((*id, list));
             } else {
                 codec::encode_links(list, self.params.max_links(*l), &mut buf);
-                dbs.links_up.put(wtxn, &codec::upper_key(*l, *id), &buf).map_err(err)?;
+                dbs.links_up.put(wtxn, (*l, *id), &buf).map_err(err)?;
             }
         }
         for (i, lists) in changes.new.iter().enumerate() {
@@ -672,7 +664,7 @@ impl Index {
             }
             for (l, list) in lists.iter().enumerate().skip(1) {
                 codec::encode_links(list, self.params.max_links(l as u8), &mut buf);
-                dbs.links_up.put(wtxn, &codec::upper_key(l as u8, id), &buf).map_err(err)?;
+                dbs.links_up.put(wtxn, (l as u8, id), &buf).map_err(err)?;
             }
         }
         if !changes.reused.is_empty() {
@@ -695,7 +687,7 @@ impl Index {
                 // value is about a megabyte at 100k points.
                 let len = links_log::value_bytes(old.len(), m0, self.page_size);
                 dbs.links0_log
-                    .put_reserved(wtxn, &next_epoch.to_be_bytes(), len, |space| {
+                    .put_reserved(wtxn, next_epoch, len, |space| {
                         links_log::write_value(old.iter().copied(), m0, space)?;
                         space.fill_zeroes();
                         Ok(())
@@ -835,11 +827,10 @@ impl Index {
             let mut i = 0;
             while i < round.len() {
                 let block = round[i] / per_block;
-                let key = codec::id_key(block);
                 let exists = block < first_unwritten_block || last_block == Some(block);
                 block_buf.clear();
                 let block_len = list_len * per_block as usize;
-                match dbs.links0.get(wtxn, &key).map_err(err)? {
+                match dbs.links0.get(wtxn, block).map_err(err)? {
                     // A damaged block would make the patch below write
                     // outside it.
                     Some(old) if exists && old.len() != block_len => {
@@ -857,9 +848,9 @@ impl Index {
                     i += 1;
                 }
                 if exists {
-                    dbs.links0.put(wtxn, &key, &block_buf).map_err(err)?;
+                    dbs.links0.put(wtxn, block, &block_buf).map_err(err)?;
                 } else {
-                    dbs.links0.put_with_flags(wtxn, PutFlags::APPEND, &key, &block_buf).map_err(err)?;
+                    dbs.links0.append(wtxn, block, &block_buf).map_err(err)?;
                 }
                 if last_block != Some(block) {
                     written += 1;

@@ -1,0 +1,329 @@
+//! Typed handles over the index's LMDB databases, so that a database
+//! cannot be read or written with another database's key.
+//!
+//! Every database stores raw bytes (`Database<Bytes, Bytes>`): heed's
+//! integer codecs allocate a `Vec` for every key they encode, which is
+//! measurable on the search path. A [`Table`] puts the key's type back on
+//! top of the raw handle: each database is a `Table<K>` for the one shape
+//! of key it holds, whose methods take that key and encode it into a
+//! fixed-size array on the stack. Values stay bytes; `codec` gives them
+//! their meaning.
+//!
+//! Keys are big-endian so that LMDB's byte order is numeric order and
+//! sequential ids append to the B-trees instead of splitting pages all
+//! over the file.
+
+use std::marker::PhantomData;
+
+use heed::types::Bytes;
+use heed::{Database, PutFlags, ReservedSpace, RoTxn, RwTxn};
+
+/// A database as heed opens it: raw bytes both ways.
+pub(crate) type Db = Database<'static, Bytes, Bytes>;
+
+/// One shape of key: how it is stored, and how a stored one reads back.
+pub(crate) trait TableKey {
+    /// The key as the engine holds it.
+    type Key<'a>: Copy;
+    /// Its stored bytes, built without allocating.
+    type Encoded<'a>: AsRef<[u8]>;
+    /// What such a key is, for the error that names a malformed one.
+    const WHAT: &'static str;
+    fn encode(key: Self::Key<'_>) -> Self::Encoded<'_>;
+    /// `None` if the bytes are not such a key: keys come back from the
+    /// file, which may be damaged.
+    fn decode(bytes: &[u8]) -> Option<Self::Key<'_>>;
+}
+
+/// Keys that are one big-endian integer.
+macro_rules! be_key {
+    ($(#[$doc:meta])* $name:ident, $int:ty, $what:literal) => {
+        $(#[$doc])*
+        pub(crate) enum $name {}
+
+        impl TableKey for $name {
+            type Key<'a> = $int;
+            type Encoded<'a> = [u8; size_of::<$int>()];
+            const WHAT: &'static str = $what;
+            #[inline]
+            fn encode(key: Self::Key<'_>) -> Self::Encoded<'_> {
+                key.to_be_bytes()
+            }
+            #[inline]
+            fn decode(bytes: &[u8]) -> Option<Self::Key<'_>> {
+                Some(<$int>::from_be_bytes(bytes.try_into().ok()?))
+            }
+        }
+    };
+}
+
+be_key!(
+    /// The internal id of a node: the key of every per-node database.
+    InternalId,
+    u32,
+    "an internal id"
+);
+be_key!(
+    /// The number of a block of consecutive ids (`codec::codes_block_nodes`,
+    /// `codec::links0_block_nodes`).
+    Block,
+    u32,
+    "a block number"
+);
+be_key!(
+    /// The user's 64-bit id of a point.
+    ExternalId,
+    u64,
+    "an external id"
+);
+be_key!(
+    /// The link log epoch that wrote a value (`links_log`).
+    Epoch,
+    u64,
+    "a link log epoch"
+);
+be_key!(
+    /// The sequence number of an applied batch (`batch_log`).
+    Seq,
+    u64,
+    "a sequence number"
+);
+
+/// (level, internal id) of an upper-layer list, so each layer is one
+/// contiguous, append-only run of the B-tree and upper layers stay compact.
+pub(crate) enum LevelId {}
+
+impl TableKey for LevelId {
+    type Key<'a> = (u8, u32);
+    type Encoded<'a> = [u8; 5];
+    const WHAT: &'static str = "a (level, id) pair";
+    #[inline]
+    fn encode((level, id): Self::Key<'_>) -> Self::Encoded<'_> {
+        let mut k = [0u8; 5];
+        k[0] = level;
+        k[1..].copy_from_slice(&id.to_be_bytes());
+        k
+    }
+    fn decode(bytes: &[u8]) -> Option<Self::Key<'_>> {
+        let (&level, id) = bytes.split_first()?;
+        Some((level, InternalId::decode(id)?))
+    }
+}
+
+/// Kind of a retired id, the first byte of its key in the retired table:
+/// still linked (a tombstone that routes searches) or vacuumed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retired {
+    Linked = 0,
+    Vacuumed = 1,
+}
+
+/// (kind, internal id) of a retired id, so the vacuum finds the linked ones
+/// and reuse the vacuumed ones first, each in one contiguous run.
+pub(crate) enum RetiredKey {}
+
+impl TableKey for RetiredKey {
+    type Key<'a> = (Retired, u32);
+    type Encoded<'a> = [u8; 5];
+    const WHAT: &'static str = "a retired id";
+    #[inline]
+    fn encode((kind, id): Self::Key<'_>) -> Self::Encoded<'_> {
+        LevelId::encode((kind as u8, id))
+    }
+    fn decode(bytes: &[u8]) -> Option<Self::Key<'_>> {
+        let (kind, id) = LevelId::decode(bytes)?;
+        let kind = match kind {
+            0 => Retired::Linked,
+            1 => Retired::Vacuumed,
+            _ => return None,
+        };
+        Some((kind, id))
+    }
+}
+
+/// A name (meta records, sources), stored as its bytes.
+pub(crate) enum Name {}
+
+impl TableKey for Name {
+    type Key<'a> = &'a [u8];
+    type Encoded<'a> = &'a [u8];
+    const WHAT: &'static str = "a name";
+    fn encode(key: Self::Key<'_>) -> Self::Encoded<'_> {
+        key
+    }
+    fn decode(bytes: &[u8]) -> Option<Self::Key<'_>> {
+        Some(bytes)
+    }
+}
+
+/// A stored key that is not one of its table's: the file is damaged.
+/// Iteration hands it out as `heed::Error::Decoding`, like heed's own
+/// codecs, and `store::storage` turns it into `Error::Corrupt`.
+#[derive(Debug, thiserror::Error)]
+#[error("the {table} table holds a key that is not {what}: {key:?}")]
+pub(crate) struct MalformedKey {
+    table: &'static str,
+    what: &'static str,
+    key: Vec<u8>,
+}
+
+/// One database, keyed by `K`.
+pub(crate) struct Table<K> {
+    db: Db,
+    /// The database's name, for the error that names a malformed key.
+    name: &'static str,
+    key: PhantomData<K>,
+}
+
+// Not derived: that would ask the uninhabited marker types to be Copy.
+impl<K> Clone for Table<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Table<K> {}
+
+/// What iterating a table yields: each key decoded, each value as stored.
+pub(crate) type Entry<'t, K> = heed::Result<(<K as TableKey>::Key<'t>, &'t [u8])>;
+
+impl<K: TableKey> Table<K> {
+    /// `db`, opened under `name`, holds keys of shape `K`.
+    pub(crate) fn new(db: Db, name: &'static str) -> Self {
+        Table { db, name, key: PhantomData }
+    }
+
+    pub(crate) fn get<'t>(self, txn: &'t RoTxn, key: K::Key<'_>) -> heed::Result<Option<&'t [u8]>> {
+        self.db.get(txn, K::encode(key).as_ref())
+    }
+
+    pub(crate) fn put(self, txn: &mut RwTxn, key: K::Key<'_>, value: &[u8]) -> heed::Result<()> {
+        self.db.put(txn, K::encode(key).as_ref(), value)
+    }
+
+    /// [`Table::put`] under a key above every stored one: LMDB then fills
+    /// pages completely instead of splitting them in half (and refuses a
+    /// key that is not the largest).
+    pub(crate) fn append(self, txn: &mut RwTxn, key: K::Key<'_>, value: &[u8]) -> heed::Result<()> {
+        self.db.put_with_flags(txn, PutFlags::APPEND, K::encode(key).as_ref(), value)
+    }
+
+    /// Puts a value of `len` bytes that `write` writes straight into the
+    /// pages LMDB reserves for it.
+    pub(crate) fn put_reserved(
+        self,
+        txn: &mut RwTxn,
+        key: K::Key<'_>,
+        len: usize,
+        write: impl FnOnce(&mut ReservedSpace) -> std::io::Result<()>,
+    ) -> heed::Result<()> {
+        self.db.put_reserved(txn, K::encode(key).as_ref(), len, write)
+    }
+
+    pub(crate) fn delete(self, txn: &mut RwTxn, key: K::Key<'_>) -> heed::Result<bool> {
+        self.db.delete(txn, K::encode(key).as_ref())
+    }
+
+    /// Entries held; LMDB keeps the count, nothing is scanned.
+    pub(crate) fn len(self, txn: &RoTxn) -> heed::Result<u64> {
+        self.db.len(txn)
+    }
+
+    pub(crate) fn clear(self, txn: &mut RwTxn) -> heed::Result<()> {
+        self.db.clear(txn)
+    }
+
+    /// Every entry, in key order.
+    pub(crate) fn iter<'t>(self, txn: &'t RoTxn) -> heed::Result<impl Iterator<Item = Entry<'t, K>>> {
+        Ok(self.db.iter(txn)?.map(move |item| self.decoded(item)))
+    }
+
+    /// The entries from `first` on, in key order.
+    pub(crate) fn iter_from<'t>(self, txn: &'t RoTxn, first: K::Key<'_>) -> heed::Result<impl Iterator<Item = Entry<'t, K>>> {
+        let first = K::encode(first);
+        let range = (std::ops::Bound::Included(first.as_ref()), std::ops::Bound::Unbounded);
+        Ok(self.db.range(txn, &range)?.map(move |item| self.decoded(item)))
+    }
+
+    fn decoded<'t>(self, item: heed::Result<(&'t [u8], &'t [u8])>) -> Entry<'t, K> {
+        let (key, value) = item?;
+        let key = K::decode(key)
+            .ok_or_else(|| heed::Error::Decoding(Box::new(MalformedKey { table: self.name, what: K::WHAT, key: key.to_vec() })))?;
+        Ok((key, value))
+    }
+
+    /// Drops the database from the file, as an index written before it
+    /// existed lacks it.
+    ///
+    /// # Safety
+    /// No other handle of the database may be used afterwards.
+    #[cfg(test)]
+    pub(crate) unsafe fn remove(self, txn: &mut RwTxn) -> heed::Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.db.remove(txn) }
+    }
+}
+
+impl Table<RetiredKey> {
+    /// The retired ids of `kind`, ascending: one contiguous run of keys.
+    pub(crate) fn ids(self, txn: &RoTxn, kind: Retired) -> heed::Result<impl Iterator<Item = heed::Result<u32>>> {
+        let entries = self.db.prefix_iter(txn, &[kind as u8])?;
+        Ok(entries.map(move |item| Ok(self.decoded(item)?.0.1)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::error::Error;
+    use crate::store::{Store, StoreOptions};
+
+    proptest! {
+        #[test]
+        fn keys_round_trip_and_sort_numerically(a: u32, b: u32, la: u8, lb: u8, x: u64, y: u64) {
+            prop_assert_eq!(InternalId::decode(&InternalId::encode(a)), Some(a));
+            prop_assert_eq!(InternalId::encode(a).cmp(&InternalId::encode(b)), a.cmp(&b));
+            prop_assert_eq!(Block::encode(a).cmp(&Block::encode(b)), a.cmp(&b));
+            prop_assert_eq!(LevelId::decode(&LevelId::encode((la, a))), Some((la, a)));
+            prop_assert_eq!(LevelId::encode((la, a)).cmp(&LevelId::encode((lb, b))), (la, a).cmp(&(lb, b)));
+            prop_assert_eq!(RetiredKey::decode(&RetiredKey::encode((Retired::Vacuumed, a))), Some((Retired::Vacuumed, a)));
+            for encode in [ExternalId::encode, Epoch::encode, Seq::encode] {
+                prop_assert_eq!(encode(x).cmp(&encode(y)), x.cmp(&y));
+            }
+            prop_assert_eq!(Seq::decode(&Seq::encode(x)), Some(x));
+        }
+    }
+
+    /// Keys written through a table read back typed; a key damaged on disk
+    /// is an error that names its table, never a panic.
+    #[test]
+    fn stored_keys_round_trip_and_damaged_ones_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = StoreOptions { initial_map_size: 1 << 20, max_map_size: 1 << 30, max_readers: 16, durable: false, read_ahead: false };
+        let store = Store::open(dir.path(), &opts).unwrap();
+        let retired = store.dbs.retired;
+        let mut wtxn = store.env.write_txn().unwrap();
+        retired.append(&mut wtxn, (Retired::Linked, 7), &[]).unwrap();
+        retired.append(&mut wtxn, (Retired::Vacuumed, 3), b"v").unwrap();
+        let entries: Vec<_> = retired.iter(&wtxn).unwrap().map(Result::unwrap).collect();
+        assert_eq!(entries, [((Retired::Linked, 7), &[][..]), ((Retired::Vacuumed, 3), &b"v"[..])]);
+        assert_eq!(retired.ids(&wtxn, Retired::Vacuumed).unwrap().map(Result::unwrap).collect::<Vec<_>>(), [3]);
+
+        // Damage written through an untyped view of the same database.
+        let raw = Table::<Name>::new(retired.db, "retired");
+        // A kind byte no build writes, and a key cut short.
+        for damaged in [&[2, 0, 0, 0, 1][..], &[1, 0, 0]] {
+            raw.put(&mut wtxn, damaged, &[]).unwrap();
+            let err = retired.iter(&wtxn).unwrap().find_map(Result::err).unwrap();
+            let err = store.err(err);
+            assert!(
+                matches!(&err, Error::Corrupt { detail, .. } if detail.contains("the retired table holds a key that is not a retired id")),
+                "{err}"
+            );
+            raw.delete(&mut wtxn, damaged).unwrap();
+        }
+        assert!(RetiredKey::decode(&[]).is_none() && LevelId::decode(&[1, 2, 3, 4, 5, 6]).is_none());
+    }
+}
