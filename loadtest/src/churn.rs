@@ -82,6 +82,19 @@ pub(crate) struct Args {
     /// (the engine's behaviour before issue 22, for comparison).
     #[arg(long)]
     no_reuse: bool,
+    /// After each round, run vacuum steps while tombstones still linked
+    /// make up at least this share of the nodes, as an idle shard node
+    /// does (`engine.vacuum_ratio`; 0: never vacuum). The default is the
+    /// engine's.
+    #[arg(long)]
+    vacuum_ratio: Option<f64>,
+    /// Tombstones per vacuum step (`writer.vacuum_step`).
+    #[arg(long, default_value_t = 1000)]
+    vacuum_step: usize,
+    /// Keep the churned index directory afterwards (its path is printed),
+    /// to look at with `mdb_stat`.
+    #[arg(long)]
+    keep: bool,
     /// Directory for the index environments (default: the system temp dir).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -211,6 +224,18 @@ pub(crate) fn run(a: Args) -> Result<()> {
     if let Some(n) = a.batch_log_max_batches {
         opts.batch_log.max_batches = n;
     }
+    let vacuum = match a.vacuum_ratio {
+        Some(0.0) => false,
+        Some(r) if r > 0.0 && r <= 1.0 => {
+            opts.vacuum_ratio = r;
+            true
+        }
+        Some(r) => bail!("--vacuum-ratio must be 0 (never) or in (0, 1], not {r}"),
+        None => true,
+    };
+    if a.vacuum_step == 0 {
+        bail!("--vacuum-step must be at least 1");
+    }
     let root = match &a.dir {
         Some(d) => {
             std::fs::create_dir_all(d)?;
@@ -247,7 +272,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
         }
         return Ok(());
     }
-    let index = Index::open_or_create(root.path().join("churned"), params, opts.clone())?;
+    let churned = root.path().join("churned");
+    let mut index = Index::open_or_create(&churned, params, opts.clone())?;
     let t = Instant::now();
     let initial: Vec<(u64, Recipe)> = live.ids.iter().map(|&id| (id, live.recipe[&id].0)).collect();
     apply(&index, &base, &[], &initial, a.batch_size)?;
@@ -270,6 +296,17 @@ pub(crate) fn run(a: Args) -> Result<()> {
             entry["ops"] = json!(ops);
             entry["apply_seconds"] = json!(round3(secs));
             entry["apply_ms_per_op"] = json!(round4(secs * 1000.0 / ops.max(1) as f64));
+            let t = Instant::now();
+            let mut vacuumed = 0;
+            while vacuum && index.vacuum_due()? {
+                let step = index.vacuum(a.vacuum_step)?;
+                vacuumed += step.vacuumed;
+                if step.vacuumed == 0 {
+                    break;
+                }
+            }
+            entry["vacuumed"] = json!(vacuumed);
+            entry["vacuum_seconds"] = json!(round3(t.elapsed().as_secs_f64()));
         }
         let vectors: Vec<(u64, Vec<f32>)> =
             live.ids.iter().map(|&id| Ok((id, live.recipe[&id].0.vector(&base)?))).collect::<Result<_>>()?;
@@ -282,6 +319,16 @@ pub(crate) fn run(a: Args) -> Result<()> {
         entry["qps"] = json!(round1(m.qps));
         entry["disk_bytes"] = json!(stats.disk_bytes);
         entry["used_bytes"] = json!(stats.used_bytes);
+        if r == a.rounds && r > 0 {
+            // The same index in a new process's state (no memo or shared
+            // address tables from the rounds): tells the layout's cost on
+            // searches from the cost of state the rounds left behind.
+            drop(index);
+            index = Index::open_or_create(&churned, params, opts.clone())?;
+            let m = measure(&index, &queries, &truth, a.k, a.ef)?;
+            entry["reopened_recall"] = json!(round4(m.recall));
+            entry["reopened_qps"] = json!(round1(m.qps));
+        }
         let fresh_due = r == a.rounds || r % a.fresh_every == 0;
         if fresh_due {
             let dir = root.path().join(format!("fresh-{r}"));
@@ -305,10 +352,17 @@ pub(crate) fn run(a: Args) -> Result<()> {
             }
         }
         print_round(&entry);
+        if !entry["reopened_qps"].is_null() {
+            eprintln!("  reopened: recall {} qps {}", entry["reopened_recall"], entry["reopened_qps"]);
+        }
         rounds.push(entry);
     }
     if let Some(mut f) = plan_out {
         f.flush()?;
+    }
+    if a.keep {
+        drop(index);
+        eprintln!("kept {}", root.keep().join("churned").display());
     }
     let out = json!({
         "lib": "shoal",
@@ -317,6 +371,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
                    "batch_size": a.batch_size, "ef": a.ef, "k": a.k},
         "limit": a.limit, "queries": queries.len(), "seed": a.seed, "batch_log": format!("{:?}", opts.batch_log),
         "fractions": {"upsert": a.upsert_frac, "delete": a.delete_frac, "insert": a.insert_frac},
+        "vacuum_ratio": if vacuum { json!(opts.vacuum_ratio) } else { serde_json::Value::Null },
+        "vacuum_step": a.vacuum_step,
         "rounds": rounds,
     });
     if let Some(p) = &a.json {
@@ -382,17 +438,20 @@ fn print_round(e: &serde_json::Value) {
     let mib = |v: &serde_json::Value| v.as_f64().map_or("-".to_owned(), |b| format!("{:.1}", b / (1 << 20) as f64));
     let f = |v: &serde_json::Value, d: usize| v.as_f64().map_or("-".to_owned(), |x| format!("{x:.d$}"));
     eprintln!(
-        "round {:>2}: live {} tombstones {} | recall {} (fresh {}) | qps {} (fresh {}) | disk MiB {} (fresh {}) | apply {} ms/op",
+        "round {:>2}: live {} tombstones {} (vacuumed now {}) | recall {} (fresh {}) | qps {} (fresh {}) | disk MiB {} used {} (fresh {}) | apply {} ms/op vacuum {} s",
         e["round"],
         e["live"],
         e["tombstones"],
+        e["vacuumed"],
         f(&e["recall"], 4),
         f(&e["fresh_recall"], 4),
         f(&e["qps"], 0),
         f(&e["fresh_qps"], 0),
         mib(&e["disk_bytes"]),
+        mib(&e["used_bytes"]),
         mib(&e["fresh_disk_bytes"]),
         f(&e["apply_ms_per_op"], 4),
+        f(&e["vacuum_seconds"], 1),
     );
 }
 

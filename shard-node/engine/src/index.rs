@@ -49,6 +49,9 @@ pub struct Index {
     /// for readers that began under the count they were gathered under
     /// (`SharedAddrs::valid_for`).
     moved: AtomicU64,
+    /// True from the moment tombstones pass `vacuum_ratio` until a vacuum
+    /// has caught up with them (`Index::vacuum_due`).
+    pub(crate) vacuum_running: std::sync::atomic::AtomicBool,
     /// The link log's index per epoch a reader may pair with.
     log: LogVersions,
     /// The environment's page size: the least a log value takes, so that
@@ -144,6 +147,7 @@ impl Index {
             sessions: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
             moved: AtomicU64::new(0),
+            vacuum_running: std::sync::atomic::AtomicBool::new(false),
             log,
             page_size: page,
         })

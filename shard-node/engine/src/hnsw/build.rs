@@ -328,6 +328,8 @@ pub(crate) struct Worker {
     pub(super) back: Vec<(u8, Scored)>,
     pub(super) links: Vec<u32>,
     pub(super) other: Vec<u32>,
+    /// Candidates of a repair: the live nodes near a retired one.
+    pub(super) pool: Vec<u32>,
 }
 
 impl Worker {
@@ -342,6 +344,7 @@ impl Worker {
             back: Vec::new(),
             links: Vec::new(),
             other: Vec::new(),
+            pool: Vec::new(),
         }
     }
 }

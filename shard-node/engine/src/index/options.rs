@@ -34,7 +34,7 @@ pub struct IndexOptions {
     pub reuse_retired: bool,
     /// Share of the graph's nodes that tombstones still linked into it may
     /// reach before [`crate::Index::vacuum_due`] says so (the shard node
-    /// then vacuums whenever its writer is idle). Default: 0.2.
+    /// then vacuums whenever its writer is idle). Default: 0.05.
     pub vacuum_ratio: f64,
     /// Let the kernel read ahead around page faults. Default false: graph
     /// searches read scattered pages, and readahead fills the page cache with
@@ -160,7 +160,7 @@ impl Default for IndexOptions {
             max_map_size: 1 << 40,
             durable: true,
             reuse_retired: true,
-            vacuum_ratio: 0.2,
+            vacuum_ratio: 0.05,
             read_ahead: false,
             max_payload_bytes: 64 << 10,
             max_readers: 512,

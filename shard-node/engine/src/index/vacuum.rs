@@ -55,8 +55,15 @@ impl Index {
     }
 
     /// True if tombstones still linked into the graph make up at least
-    /// `IndexOptions::vacuum_ratio` of its nodes: the shard node then runs
-    /// vacuum steps whenever its writer is idle.
+    /// `IndexOptions::vacuum_ratio` of its nodes, and from then on until
+    /// they are all vacuumed: the shard node runs vacuum steps whenever
+    /// its writer is idle while this holds.
+    ///
+    /// Why run to the end rather than stop below the ratio: a slot is
+    /// reused vacuumed ones first, and a tombstone reused before its
+    /// vacuum leaves the in-links it still had pointing at an unrelated
+    /// new point. Stopping at the ratio left 5,000 of 7,000 tombstones
+    /// linked after each round of `loadtest churn` at 100k.
     pub fn vacuum_due(&self) -> Result<bool> {
         let snap = self.snapshot()?;
         let s = snap.session.state;
@@ -64,7 +71,14 @@ impl Index {
         let nodes = s.live + s.tombstones;
         // One pending tombstone can be the retired entry point, which
         // stays until a new node takes over.
-        Ok(pending > 1 && pending as f64 >= self.opts.vacuum_ratio * nodes as f64)
+        if pending <= 1 {
+            self.vacuum_running.store(false, Ordering::Relaxed);
+            return Ok(false);
+        }
+        if pending as f64 >= self.opts.vacuum_ratio * nodes as f64 {
+            self.vacuum_running.store(true, Ordering::Relaxed);
+        }
+        Ok(self.vacuum_running.load(Ordering::Relaxed))
     }
 
     fn vacuum_once(&self, max: usize, shared: &SharedAddrs) -> Result<VacuumOutcome, Attempt> {

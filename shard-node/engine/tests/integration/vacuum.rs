@@ -56,6 +56,25 @@ fn churned(rng: &mut StdRng, opts: IndexOptions) -> (Fixture, BTreeMap<u64, Vec<
 }
 
 #[test]
+fn a_vacuum_that_started_runs_until_every_tombstone_is_vacuumed() {
+    let mut rng = rng("a_vacuum_that_started_runs_until_every_tombstone_is_vacuumed");
+    // 800 tombstones in 2,000 nodes: past a ratio of 0.3, and below it
+    // after the first step of 300.
+    let opts = IndexOptions { vacuum_ratio: 0.3, ..test_options() };
+    let (fx, _) = churned(&mut rng, opts);
+    assert!(fx.index.vacuum_due().unwrap());
+    let mut steps = 0;
+    while fx.index.vacuum_due().unwrap() {
+        let o = fx.index.vacuum(300).unwrap();
+        steps += 1;
+        assert!(o.vacuumed > 0 && steps <= 3, "step {steps}: {o:?}");
+    }
+    let s = fx.index.stats().unwrap();
+    assert!(s.vacuumed >= 799, "stopped at {s:?} after {steps} steps instead of running to the end");
+    assert_eq!(steps, 3);
+}
+
+#[test]
 fn vacuum_unlinks_tombstones_in_steps_and_slots_come_back() {
     let mut rng = rng("vacuum_unlinks_tombstones_in_steps_and_slots_come_back");
     let (fx, mut points) = churned(&mut rng, test_options());
