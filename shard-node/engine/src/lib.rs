@@ -46,6 +46,7 @@ mod session;
 mod stop;
 mod store;
 mod table;
+mod tombstone_set;
 mod view;
 
 pub use batch::{Batch, BatchOutcome, MAX_SOURCE_BYTES, Op, Point, SourceOffset, Write, Written};

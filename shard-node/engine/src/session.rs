@@ -16,6 +16,7 @@ use crate::params::IndexParams;
 use crate::quant::{OwnedCode, Walk};
 use crate::stop::Stop;
 use crate::store::Store;
+use crate::tombstone_set::TombstoneSet;
 use crate::view::{Frozen, Graph, NodeCache, TxnView};
 
 /// One search result.
@@ -89,6 +90,9 @@ pub(crate) struct Session {
     moved: Option<u64>,
     /// The link log's index as of this transaction's commit.
     log: Arc<LogIndex>,
+    /// This transaction's tombstones, read by the first search that needs
+    /// them (`Some(None)`: the retired table disagreed, records answer).
+    tombstones: Option<Option<TombstoneSet>>,
     txn: RoTxn<'static, WithoutTls>,
 }
 
@@ -107,7 +111,17 @@ impl Session {
         })?;
         let after = moved.load(Ordering::SeqCst);
         let moved = (before == after).then_some(before);
-        Ok(Session { cache: NodeCache::new(cache_budget), scratch: Scratch::new(), found: Vec::new(), state, generation, moved, log, txn })
+        Ok(Session {
+            cache: NodeCache::new(cache_budget),
+            scratch: Scratch::new(),
+            found: Vec::new(),
+            state,
+            generation,
+            moved,
+            log,
+            tombstones: None,
+            txn,
+        })
     }
 
     /// The shared addresses this transaction may use: only those gathered
@@ -148,12 +162,17 @@ impl Session {
         // many tombstones a longer list would only be filled by visiting
         // every node.
         let ef = sp.ef.max(sp.k).min(self.state.live.max(1) as usize);
+        if skip && self.tombstones.is_none() {
+            self.tombstones = Some(TombstoneSet::read(store, &self.txn, &self.state)?);
+        }
         let frozen = self.frozen(shared);
-        let Session { cache, scratch, found, txn, log, .. } = self;
+        let Session { cache, scratch, found, txn, log, tombstones, .. } = self;
         // SAFETY: `cache` only ever receives pointers read through `txn`: it
         // is created with the session and never shared; `frozen` is derived
         // from the state this txn reads, `log` was paired with it.
-        let mut view = unsafe { TxnView::new(txn, store, cache, frozen, log, params) };
+        let view = unsafe { TxnView::new(txn, store, cache, frozen, log, params) };
+        // Read through this same transaction.
+        let mut view = view.with_tombstones(tombstones.as_ref().and_then(Option::as_ref));
         let code = OwnedCode::new(query);
         let qc = code.code();
         // A search's candidates are its answer, so it walks at full

@@ -20,6 +20,7 @@ use crate::params::IndexParams;
 use crate::quant::Code;
 use crate::store::Store;
 use crate::table::{Table, TableKey};
+use crate::tombstone_set::TombstoneSet;
 
 /// Memoised pointers into one transaction's pages.
 pub(crate) struct NodeCache {
@@ -151,6 +152,9 @@ pub(crate) struct TxnView<'t> {
     /// Where the transaction's newest bottom lists are, for the nodes whose
     /// list is in the link log rather than in its block.
     log: &'t LogIndex,
+    /// The transaction's tombstones, when read (searches); else the node
+    /// records answer.
+    tombstones: Option<&'t TombstoneSet>,
     dim: usize,
     code_bytes: usize,
     codes_block: u32,
@@ -181,6 +185,7 @@ impl<'t> TxnView<'t> {
             cache,
             frozen,
             log,
+            tombstones: None,
             dim: params.dim as usize,
             code_bytes: params.code_bytes(),
             codes_block: params.codes_per_block(),
@@ -193,6 +198,12 @@ impl<'t> TxnView<'t> {
 
     pub(crate) fn store(&self) -> &'t Store {
         self.store
+    }
+
+    /// Answers `is_tombstone` from `set`, which must be the tombstones of
+    /// this view's transaction.
+    pub(crate) fn with_tombstones(self, set: Option<&'t TombstoneSet>) -> Self {
+        TxnView { tombstones: set, ..self }
     }
 
     fn corrupt(&self, detail: String) -> Error {
@@ -466,7 +477,10 @@ impl<'t> Graph<'t> for TxnView<'t> {
 
     #[inline]
     fn is_tombstone(&mut self, id: u32) -> Result<bool> {
-        Ok(self.node(id)?.is_tombstone())
+        match self.tombstones {
+            Some(set) => Ok(set.contains(id)),
+            None => Ok(self.node(id)?.is_tombstone()),
+        }
     }
 
     #[inline]
