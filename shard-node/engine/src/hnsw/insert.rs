@@ -70,6 +70,7 @@ impl BuildCtx<'_> {
         // descended would otherwise meet its still empty lower lists, and
         // two new nodes could link only to each other (hnswlib prevents the
         // same by holding the node's lock for its whole insertion).
+        self.overlay.mark_linked(node);
         for i in 0..w.back.len() {
             let (l, s) = w.back[i];
             self.add_back_link(view, w, s.id, node, l, s.dist)?;
