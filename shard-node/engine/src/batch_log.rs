@@ -3,24 +3,39 @@
 //! with what was applied since, without the ingest job.
 //!
 //! Every applied batch takes the next sequence number (`State::last_seq`)
-//! and its net effect is written to the `batch_log` database, keyed by
-//! the sequence number big-endian (so every entry is appended to the
-//! B-tree), in the same write transaction as the batch. The oldest
-//! entries beyond the retention are deleted in that transaction too; the
-//! state records the first retained number and the bytes held, so the
-//! write path never scans the log.
+//! and its net effect is written to the `batch_log` database, in the same
+//! write transaction as the batch. The oldest entries beyond the
+//! retention are deleted in that transaction too; the state records the
+//! first retained number and the bytes held, so the write path never
+//! scans the log.
+//!
+//! An entry is stored in parts of [`PART_BYTES`], keyed (sequence number,
+//! part) big-endian, so every part is appended to the B-tree and sits
+//! inside a leaf page. Stored whole, an entry of a 10,000-point batch was
+//! one value of 3,800 contiguous overflow pages: LMDB finds such a run in
+//! its free list only by luck once the single pages of other commits have
+//! cut the runs that trimmed entries freed, so each new entry grew the
+//! file instead. Under churn at 100k points that left 313 MiB of free
+//! pages in an 865 MiB file (`docs/engine.md`, "Churn"). Parts fit in any
+//! free page.
 //!
 //! An entry holds what the batch did, not what it said: the points it
 //! left (the last upsert of each id, its vector in stored form) and the
 //! ids it emptied, so replaying it on a copy that holds what this one
 //! held before the batch leaves the same points.
 
-use heed::{RoTxn, WithoutTls};
+use heed::{RoTxn, RwTxn, WithoutTls};
 
 use crate::batch::{Point, SourceOffset};
 use crate::codec::State;
 use crate::error::{Error, Result};
 use crate::store::Store;
+use crate::table::{LogPart, Seq, Table};
+
+/// Bytes of an entry per stored part: two parts and their 12-byte keys
+/// fill a 4 KiB leaf page (LMDB moves a value to overflow pages past
+/// about 2,000 bytes).
+pub(crate) const PART_BYTES: usize = 2000;
 
 /// How many recent batches a shard keeps in its batch log.
 ///
@@ -210,22 +225,91 @@ pub(crate) fn read(store: &Store, txn: &RoTxn<'_, WithoutTls>, state: &State, fr
     let corrupt = |detail: String| Error::Corrupt { path: store.path.clone(), detail };
     let mut entries = Vec::new();
     let mut bytes = 0u64;
-    for (expected, item) in (from..=last_seq).zip(store.dbs.batch_log.iter_from(txn, from).map_err(|e| store.err(e))?) {
-        let (seq, v) = item.map_err(|e| store.err(e))?;
-        store.check_len(v.len(), || format!("batch log entry {expected}"))?;
-        if seq != expected {
-            return Err(corrupt(format!("batch log entry {expected} is missing (found entry {seq})")));
+    let mut value = Vec::new();
+    let mut parts = store.dbs.batch_log.iter_from(txn, (from, 0)).map_err(|e| store.err(e))?.peekable();
+    for expected in from..=last_seq {
+        value.clear();
+        let mut next_part = 0u32;
+        while let Some(item) = parts.next_if(|item| item.as_ref().map_or(true, |((seq, _), _)| *seq == expected)) {
+            let ((_, part), v) = item.map_err(|e| store.err(e))?;
+            store.check_len(v.len(), || format!("batch log entry {expected}"))?;
+            if part != next_part || v.len() > PART_BYTES {
+                return Err(corrupt(format!("batch log entry {expected} has a stray part {part} of {} bytes", v.len())));
+            }
+            value.extend_from_slice(v);
+            next_part += 1;
         }
-        if !entries.is_empty() && bytes + v.len() as u64 > max_bytes {
+        if next_part == 0 {
+            let found = parts.peek().and_then(|item| item.as_ref().ok()).map(|((seq, _), _)| *seq);
+            return Err(corrupt(match found {
+                Some(seq) => format!("batch log entry {expected} is missing (found entry {seq})"),
+                None => format!("batch log entry {expected} is missing"),
+            }));
+        }
+        if !entries.is_empty() && bytes + value.len() as u64 > max_bytes {
+            break;
+        }
+        bytes += value.len() as u64;
+        entries.push(decode(expected, &value, dim).ok_or_else(|| corrupt(format!("batch log entry {expected} is malformed")))?);
+    }
+    Ok(LogRead { entries, first_seq, last_seq })
+}
+
+/// Writes entry `seq` (`value`, as [`encode`] made it) after every entry
+/// the log holds.
+pub(crate) fn append(log: Table<LogPart>, wtxn: &mut RwTxn<'_>, seq: u64, value: &[u8]) -> heed::Result<()> {
+    // An empty value still takes one part, so that the entry exists.
+    let parts = value.chunks(PART_BYTES).chain(value.is_empty().then_some(&[][..]));
+    for (part, bytes) in parts.enumerate() {
+        log.append(wtxn, (seq, part as u32), bytes)?;
+    }
+    Ok(())
+}
+
+/// Deletes entry `seq`; returns its bytes, or `None` if the log does not
+/// hold it.
+pub(crate) fn delete(log: Table<LogPart>, wtxn: &mut RwTxn<'_>, seq: u64) -> heed::Result<Option<u64>> {
+    let mut bytes = 0u64;
+    let mut parts = 0usize;
+    for item in log.iter_from(wtxn, (seq, 0))? {
+        let ((s, _), v) = item?;
+        if s != seq {
             break;
         }
         bytes += v.len() as u64;
-        entries.push(decode(expected, v, dim).ok_or_else(|| corrupt(format!("batch log entry {expected} is malformed")))?);
+        parts += 1;
     }
-    if entries.is_empty() && from <= last_seq {
-        return Err(corrupt(format!("batch log entry {from} is missing")));
+    if parts == 0 {
+        return Ok(None);
     }
-    Ok(LogRead { entries, first_seq, last_seq })
+    log.delete_range(wtxn, (seq, 0), (seq + 1, 0))?;
+    Ok(Some(bytes))
+}
+
+/// Splits the entries of a log written before entries were stored in
+/// parts (one value per entry, keyed by its sequence number alone) into
+/// parts. Runs once, on open; does nothing to a log already in parts.
+pub(crate) fn split_whole_entries(store: &Store) -> Result<()> {
+    let err = |e| store.err(e);
+    let mut wtxn = store.env.write_txn().map_err(err)?;
+    let whole: Table<Seq> = store.dbs.batch_log.retyped();
+    if store.dbs.batch_log.first_raw_key(&wtxn).map_err(err)?.is_none_or(|k| k.len() != 8) {
+        wtxn.abort();
+        return Ok(());
+    }
+    let seqs = whole.iter(&wtxn).map_err(err)?.map(|item| item.map(|(seq, _)| seq)).collect::<heed::Result<Vec<u64>>>().map_err(err)?;
+    tracing::info!(path = %store.path.display(), entries = seqs.len(), "splitting the batch log's entries into parts");
+    for seq in seqs {
+        let value = whole.get(&wtxn, seq).map_err(err)?.map(<[u8]>::to_vec).unwrap_or_default();
+        whole.delete(&mut wtxn, seq).map_err(err)?;
+        // Parts of `seq` sort after its whole key and before the next
+        // one's, so they are not the largest keys: a plain put.
+        let parts = value.chunks(PART_BYTES).chain(value.is_empty().then_some(&[][..]));
+        for (part, bytes) in parts.enumerate() {
+            store.dbs.batch_log.put(&mut wtxn, (seq, part as u32), bytes).map_err(err)?;
+        }
+    }
+    wtxn.commit().map_err(err)
 }
 
 #[cfg(test)]

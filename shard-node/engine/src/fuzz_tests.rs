@@ -32,7 +32,7 @@ use crate::metric::Metric;
 use crate::params::IndexParams;
 use crate::quant::{self, Code, OwnedCode, Walk};
 use crate::stop::Stop;
-use crate::table::{Block, Epoch, ExternalId, InternalId, LevelId, RetiredKey, Seq, TableKey};
+use crate::table::{Block, Epoch, ExternalId, InternalId, LevelId, LogPart, RetiredKey, Seq, TableKey};
 use crate::view::Graph;
 use crate::{batch_log, nibble, session};
 
@@ -356,14 +356,16 @@ proptest! {
     #![proptest_config(config(2000))]
 
     /// Keys: internal ids and block numbers (u32 BE), external ids, link
-    /// log epochs and batch sequence numbers (u64 BE), (level, id) and
-    /// (kind, id) pairs; and the u32 and u64 BE values (the id map's
+    /// log epochs and batch sequence numbers (u64 BE), (level, id),
+    /// (kind, id) and (sequence number, part) pairs; and the u32 and u64
+    /// BE values (the id map's
     /// internal ids, sources' offsets).
     #[test]
     fn fuzz_id_keys(b in hostile(prop_oneof![
         any::<u32>().prop_map(|i| InternalId::encode(i).to_vec()),
         any::<u64>().prop_map(|i| Seq::encode(i).to_vec()),
         any::<(u8, u32)>().prop_map(|k| LevelId::encode(k).to_vec()),
+        any::<(u64, u32)>().prop_map(|k| LogPart::encode(k).to_vec()),
     ])) {
         prop_assert_eq!(InternalId::decode(&b).is_some(), b.len() == 4);
         prop_assert_eq!(Block::decode(&b).is_some(), b.len() == 4);
@@ -373,6 +375,10 @@ proptest! {
         }
         prop_assert_eq!(LevelId::decode(&b).is_some(), b.len() == 5);
         prop_assert_eq!(RetiredKey::decode(&b).is_some(), b.len() == 5 && b[0] < 2);
+        prop_assert_eq!(LogPart::decode(&b).is_some(), b.len() == 12);
+        if let Some(key) = LogPart::decode(&b) {
+            prop_assert_eq!(&LogPart::encode(key)[..], &b[..]);
+        }
         if let Some(id) = InternalId::decode(&b) {
             prop_assert_eq!(&InternalId::encode(id)[..], &b[..]);
         }

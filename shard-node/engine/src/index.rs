@@ -113,6 +113,7 @@ impl Index {
         )?;
         let params = Self::load_or_init_params(&store, missing)?;
         list_retired_ids(&store)?;
+        crate::batch_log::split_whole_entries(&store)?;
         let pool = match (&opts.pool, opts.build_threads) {
             (Some(pool), _) => Some(Arc::clone(pool)),
             (None, 0 | 1) => None,
@@ -445,6 +446,61 @@ mod tests {
         let read = index.read_log(1, u64::MAX).unwrap();
         assert_eq!((read.first_seq, read.last_seq, read.entries.len()), (1, 1, 1));
         assert_eq!(index.stats().unwrap().live, 60);
+    }
+
+    /// A batch log written before entries were stored in parts (each entry
+    /// one value under its sequence number) is split into parts on open,
+    /// reads back the same entries, trims and grows as before.
+    #[test]
+    fn a_log_of_whole_entries_is_split_into_parts_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let retention = crate::BatchLogRetention { max_batches: 4, max_bytes: u64::MAX };
+        let opts = IndexOptions { build_threads: 1, durable: false, batch_log: retention, ..IndexOptions::default() };
+        let point = |i: u64| (i, (0..8).map(|j| ((i * 7 + j * 3) % 101) as f32 + i as f32 * 0.01).collect::<Vec<f32>>());
+        let index = Index::open_or_create(dir.path(), IndexParams::new(8, crate::Metric::Euclidean), opts.clone()).unwrap();
+        // 600 points of 8 floats: an entry of ~26 KB, 14 parts.
+        index.apply(Batch::upserts((0..600).map(point)).with_source("job", 1)).unwrap();
+        index.apply(Batch { ops: vec![Op::Delete(3), Op::Delete(5)], source: None }).unwrap();
+        index.apply(Batch::upserts((600..601).map(point))).unwrap();
+        let before = index.read_log(1, u64::MAX).unwrap();
+        assert_eq!(before.entries.len(), 3);
+        drop(index);
+        let store_opts =
+            StoreOptions { initial_map_size: 1 << 20, max_map_size: 1 << 30, max_readers: 16, durable: false, read_ahead: false };
+        {
+            let store = Store::open(dir.path(), &store_opts).unwrap();
+            let mut wtxn = store.env.write_txn().unwrap();
+            let mut whole: std::collections::BTreeMap<u64, Vec<u8>> = std::collections::BTreeMap::new();
+            for item in store.dbs.batch_log.iter(&wtxn).unwrap() {
+                let ((seq, _), v) = item.unwrap();
+                whole.entry(seq).or_default().extend_from_slice(v);
+            }
+            assert!(store.dbs.batch_log.len(&wtxn).unwrap() > 14, "the first entry is in parts");
+            store.dbs.batch_log.clear(&mut wtxn).unwrap();
+            let old: crate::table::Table<crate::table::Seq> = store.dbs.batch_log.retyped();
+            for (seq, v) in &whole {
+                old.append(&mut wtxn, *seq, v).unwrap();
+            }
+            wtxn.commit().unwrap();
+        }
+        let index = Index::open(dir.path(), opts).unwrap();
+        assert_eq!(index.read_log(1, u64::MAX).unwrap(), before);
+        assert_eq!(index.read_log(2, u64::MAX).unwrap().entries, before.entries[1..]);
+        // Two more batches: the oldest entry is trimmed, parts and all.
+        index.apply(Batch::upserts((601..603).map(point))).unwrap();
+        index.apply(Batch::upserts((603..605).map(point))).unwrap();
+        let after = index.read_log(2, u64::MAX).unwrap();
+        assert_eq!((after.first_seq, after.last_seq, after.entries.len()), (2, 5, 4));
+        assert_eq!(after.entries[..2], before.entries[1..]);
+        let s = index.stats().unwrap();
+        let held: u64 = {
+            let txn = index.store.env.read_txn().unwrap();
+            let keys: Vec<usize> =
+                index.store.dbs.batch_log.retyped::<crate::table::Name>().iter(&txn).unwrap().map(|i| i.unwrap().0.len()).collect();
+            assert!(keys.iter().all(|&k| k == 12), "every key is (seq, part): {keys:?}");
+            index.store.dbs.batch_log.iter(&txn).unwrap().map(|i| i.unwrap().1.len() as u64).sum()
+        };
+        assert_eq!((s.batch_log_entries, s.batch_log_bytes), (4, held));
     }
 
     /// The shared vector addresses must stay valid across commits: after

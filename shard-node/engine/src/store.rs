@@ -6,7 +6,7 @@ use heed::types::Bytes;
 use heed::{CommitOrAbort, Env, EnvFlags, EnvOpenOptions, WithoutTls};
 
 use crate::error::{Error, Result};
-use crate::table::{Block, Epoch, ExternalId, InternalId, LevelId, MalformedKey, Name, RetiredKey, Seq, Table};
+use crate::table::{Block, Epoch, ExternalId, InternalId, LevelId, LogPart, MalformedKey, Name, RetiredKey, Table};
 
 /// The databases of one index, each typed by its key (see `table`).
 #[derive(Clone, Copy)]
@@ -34,9 +34,9 @@ pub(crate) struct Dbs {
     pub(crate) payloads: Table<InternalId>,
     /// source name → highest applied offset (BE u64).
     pub(crate) offsets: Table<Name>,
-    /// sequence number → one applied batch (`batch_log`), the newest ones
-    /// within the retention.
-    pub(crate) batch_log: Table<Seq>,
+    /// (sequence number, part) → a piece of one applied batch
+    /// (`batch_log`), the newest ones within the retention.
+    pub(crate) batch_log: Table<LogPart>,
     /// (kind, internal id) → nothing: every retired id (tombstone), the ids
     /// a later batch may reuse for new points.
     pub(crate) retired: Table<RetiredKey>,

@@ -83,11 +83,34 @@ be_key!(
     "a link log epoch"
 );
 be_key!(
-    /// The sequence number of an applied batch (`batch_log`).
+    /// The sequence number of an applied batch (`batch_log` as written
+    /// before entries were split into parts).
     Seq,
     u64,
     "a sequence number"
 );
+
+/// (sequence number, part) of a piece of a batch log entry: the entry's
+/// parts in order, and every entry after the ones before it, so the log
+/// is one append-only run.
+pub(crate) enum LogPart {}
+
+impl TableKey for LogPart {
+    type Key<'a> = (u64, u32);
+    type Encoded<'a> = [u8; 12];
+    const WHAT: &'static str = "a (sequence number, part) pair";
+    #[inline]
+    fn encode((seq, part): Self::Key<'_>) -> Self::Encoded<'_> {
+        let mut k = [0u8; 12];
+        k[..8].copy_from_slice(&seq.to_be_bytes());
+        k[8..].copy_from_slice(&part.to_be_bytes());
+        k
+    }
+    fn decode(bytes: &[u8]) -> Option<Self::Key<'_>> {
+        let (seq, part) = bytes.split_at_checked(8)?;
+        Some((Seq::decode(seq)?, InternalId::decode(part)?))
+    }
+}
 
 /// (level, internal id) of an upper-layer list, so each layer is one
 /// contiguous, append-only run of the B-tree and upper layers stay compact.
@@ -224,6 +247,26 @@ impl<K: TableKey> Table<K> {
         self.db.delete(txn, K::encode(key).as_ref())
     }
 
+    /// Deletes the entries from `from` up to, not including, `to`; returns
+    /// how many there were.
+    pub(crate) fn delete_range(self, txn: &mut RwTxn, from: K::Key<'_>, to: K::Key<'_>) -> heed::Result<usize> {
+        let (from, to) = (K::encode(from), K::encode(to));
+        let range = (std::ops::Bound::Included(from.as_ref()), std::ops::Bound::Excluded(to.as_ref()));
+        self.db.delete_range(txn, &range)
+    }
+
+    /// The first key as stored, undecoded: how a migration tells which
+    /// layout a table has.
+    pub(crate) fn first_raw_key<'t>(self, txn: &'t RoTxn) -> heed::Result<Option<&'t [u8]>> {
+        Ok(self.db.first(txn)?.map(|(k, _)| k))
+    }
+
+    /// The same database read with keys of another shape: only for a
+    /// migration that rewrites a table from an older layout.
+    pub(crate) fn retyped<K2>(self) -> Table<K2> {
+        Table { db: self.db, name: self.name, key: PhantomData }
+    }
+
     /// Entries held; LMDB keeps the count, nothing is scanned.
     pub(crate) fn len(self, txn: &RoTxn) -> heed::Result<u64> {
         self.db.len(txn)
@@ -293,6 +336,8 @@ mod tests {
                 prop_assert_eq!(encode(x).cmp(&encode(y)), x.cmp(&y));
             }
             prop_assert_eq!(Seq::decode(&Seq::encode(x)), Some(x));
+            prop_assert_eq!(LogPart::decode(&LogPart::encode((x, a))), Some((x, a)));
+            prop_assert_eq!(LogPart::encode((x, a)).cmp(&LogPart::encode((y, b))), (x, a).cmp(&(y, b)));
         }
     }
 

@@ -296,20 +296,17 @@ impl Index {
             });
             let points: Vec<_> = points.collect();
             batch_log::encode(&mut value, batch.source.as_ref(), &logged.deletes, points.into_iter(), dim);
-            // Sequence numbers only grow: every entry is the largest key.
-            db.append(wtxn, logged.seq, &value).map_err(err)?;
+            // Sequence numbers only grow: every entry goes after the rest.
+            batch_log::append(db, wtxn, logged.seq, &value).map_err(err)?;
             bytes += value.len() as u64;
         }
         // The oldest go first; the newest always stays.
         let mut entries = (plan.last_seq + 1).saturating_sub(first);
         while entries > max_batches || (entries > 1 && bytes > max_bytes) {
-            let len = db
-                .get(wtxn, first)
+            let len = batch_log::delete(db, wtxn, first)
                 .map_err(err)?
-                .map(<[u8]>::len)
                 .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("batch log entry {first} is missing") })?;
-            db.delete(wtxn, first).map_err(err)?;
-            bytes = bytes.saturating_sub(len as u64);
+            bytes = bytes.saturating_sub(len);
             first += 1;
             entries -= 1;
         }
