@@ -258,12 +258,16 @@ pub(crate) fn read(store: &Store, txn: &RoTxn<'_, WithoutTls>, state: &State, fr
 /// Writes entry `seq` (`value`, as [`encode`] made it) after every entry
 /// the log holds.
 pub(crate) fn append(log: Table<LogPart>, wtxn: &mut RwTxn<'_>, seq: u64, value: &[u8]) -> heed::Result<()> {
-    // An empty value still takes one part, so that the entry exists.
-    let parts = value.chunks(PART_BYTES).chain(value.is_empty().then_some(&[][..]));
-    for (part, bytes) in parts.enumerate() {
-        log.append(wtxn, (seq, part as u32), bytes)?;
+    for (part, bytes) in parts(value) {
+        log.append(wtxn, (seq, part), bytes)?;
     }
     Ok(())
+}
+
+/// An entry's parts, numbered from 0. An empty value still takes one
+/// part, so that the entry exists.
+fn parts(value: &[u8]) -> impl Iterator<Item = (u32, &[u8])> {
+    value.chunks(PART_BYTES).chain(value.is_empty().then_some(&[][..])).enumerate().map(|(i, part)| (i as u32, part))
 }
 
 /// Deletes entry `seq`; returns its bytes, or `None` if the log does not
@@ -304,9 +308,8 @@ pub(crate) fn split_whole_entries(store: &Store) -> Result<()> {
         whole.delete(&mut wtxn, seq).map_err(err)?;
         // Parts of `seq` sort after its whole key and before the next
         // one's, so they are not the largest keys: a plain put.
-        let parts = value.chunks(PART_BYTES).chain(value.is_empty().then_some(&[][..]));
-        for (part, bytes) in parts.enumerate() {
-            store.dbs.batch_log.put(&mut wtxn, (seq, part as u32), bytes).map_err(err)?;
+        for (part, bytes) in parts(&value) {
+            store.dbs.batch_log.put(&mut wtxn, (seq, part), bytes).map_err(err)?;
         }
     }
     wtxn.commit().map_err(err)
