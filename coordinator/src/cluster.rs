@@ -468,110 +468,7 @@ impl Cluster {
     {
         use futures::StreamExt;
         let f = &f;
-        let calls = (0..c.shard_count()).map(|i| {
-            // The in-sync replicas, least busy first: the next one is
-            // asked when one fails, or as well when one is slower than its
-            // recent p95 (a hedge), within the same deadline.
-            // Replicas the prober marked down go last: its verdict is a
-            // suspicion (a probe that timed out on a busy node), so they
-            // are still asked once every other replica failed.
-            let (up, down): (Vec<_>, Vec<_>) =
-                self.outstanding.least_busy_first(c.shards[i as usize].in_sync_nodes()).into_iter().partition(|n| self.node_up(n));
-            let replicas: Vec<(NodeId, bool)> = up.into_iter().map(|n| (n, true)).chain(down.into_iter().map(|n| (n, false))).collect();
-            let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = tracing::field::Empty);
-            async move {
-                let started = tokio::time::Instant::now();
-                // `gated`: the call fails at once if the prober marks the
-                // node down, so that another replica is asked instead; not
-                // the last replica's, which has no one to give way to. A
-                // replica already marked down (asked only because every
-                // other failed) gets SUSPECT_GRACE: a busy node whose probe
-                // timed out answers a search in milliseconds, a stopped
-                // one never, and the search must not wait its deadline.
-                let ask = |(node, up): (NodeId, bool), last: bool| {
-                    let gated = up && !last;
-                    tracing::Span::current().record("node", tracing::field::display(&node));
-                    let tracked = self.outstanding.track(&node);
-                    let mut left = timeout.saturating_sub(started.elapsed());
-                    if !up {
-                        left = left.min(SUSPECT_GRACE);
-                    }
-                    // Made inside the span, so the call carries its trace context.
-                    let call = self.client(&node).map(|cl| f(cl, Self::shard_id(c, i), left));
-                    async move {
-                        let _tracked = tracked;
-                        let asked = tokio::time::Instant::now();
-                        let r = match call {
-                            Ok(fut) if gated => self.on_node(&node, fut).await,
-                            Ok(fut) if up => fut.await.map_err(Error::from),
-                            // Its own deadline (the grace) ends the call on
-                            // its side; a stopped node ends it on ours.
-                            Ok(fut) => match tokio::time::timeout(left, fut).await {
-                                Ok(Ok(v)) => Ok(v),
-                                Ok(Err(e)) if e.code != ErrorCode::DeadlineExceeded => Err(Error::from(e)),
-                                Ok(Err(_)) | Err(_) => Err(self.pool.liveness().check(&node).err().map_or_else(
-                                    || Error::Deadline(format!("node {node} did not answer within {left:?}")),
-                                    |e| e.context(format!("asked anyway, no answer within {left:?}")),
-                                )),
-                            },
-                            Err(e) => Err(e),
-                        };
-                        if r.is_ok() {
-                            self.outstanding.answered(&node, asked.elapsed());
-                        }
-                        (node, r)
-                    }
-                };
-                let mut waiting = replicas.into_iter();
-                let mut running = futures::stream::FuturesUnordered::new();
-                let mut hedge_at = None;
-                if let Some(node) = waiting.next() {
-                    hedge_at = self.hedge_delay(&node.0).map(|d| started + d);
-                    running.push(ask(node, waiting.len() == 0));
-                }
-                let mut failed: Vec<(NodeId, Error)> = Vec::new();
-                loop {
-                    let more = waiting.len() > 0 && started.elapsed() < timeout;
-                    let hedge = async {
-                        match hedge_at {
-                            Some(at) if more => tokio::time::sleep_until(at).await,
-                            _ => std::future::pending().await,
-                        }
-                    };
-                    tokio::select! {
-                        done = running.next() => {
-                            let Some((node, r)) = done else { break };
-                            match r {
-                                Ok(v) => return (i, node, Ok(v)),
-                                // The request's own fault: another replica says the same.
-                                Err(e) if matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::ResourceExhausted) => {
-                                    return (i, node, Err(e));
-                                }
-                                Err(e) => failed.push((node, e)),
-                            }
-                            // Fail over: a replica is out, ask the next one now.
-                            if let Some(next) = waiting.next().filter(|_| more) {
-                                hedge_at = self.hedge_delay(&next.0).map(|d| tokio::time::Instant::now() + d);
-                                running.push(ask(next, waiting.len() == 0));
-                            }
-                        }
-                        () = hedge => {
-                            if let Some(next) = waiting.next() {
-                                tracing::debug!(shard = i, node = %next.0, "hedged read");
-                                hedge_at = self.hedge_delay(&next.0).map(|d| tokio::time::Instant::now() + d);
-                                running.push(ask(next, waiting.len() == 0));
-                            }
-                        }
-                    }
-                }
-                match replicas_failed(failed) {
-                    Some((node, e)) => (i, node, Err(e)),
-                    None => (i, c.node_of(i).clone(), Err(Error::Internal(format!("shard {i} has no replica in sync")))),
-                }
-            }
-            .instrument(span)
-        });
-        let mut running: futures::stream::FuturesUnordered<_> = calls.collect();
+        let mut running: futures::stream::FuturesUnordered<_> = (0..c.shard_count()).map(|i| self.read_shard(c, i, timeout, f)).collect();
         let mut g = Gathered { answers: Vec::new(), failures: Vec::new() };
         while let Some((i, node, r)) = running.next().await {
             match r {
@@ -586,6 +483,135 @@ impl Cluster {
         }
         g.answers.sort_by_key(|a| a.0);
         g
+    }
+
+    /// Reads shard `i` of `c` from one of its in-sync replicas: `f` is
+    /// called with a replica's client, the shard's id and the time left of
+    /// `timeout`. Returns the shard, the node that answered (or the one
+    /// whose failure is the shard's, see `replicas_failed`) and the answer.
+    ///
+    /// A replica that fails for any reason but the request's own fault is
+    /// replaced by the next one at once: a node that is down or restarting
+    /// (UNAVAILABLE), and equally a copy whose data is damaged on disk
+    /// (DATA_LOSS), which another copy of the shard still serves. The
+    /// shard fails only once every replica did (see `replicas_failed`).
+    fn read_shard<'a, T, F, Fut>(
+        &'a self,
+        c: &'a Collection,
+        i: u32,
+        timeout: Duration,
+        f: &'a F,
+    ) -> impl Future<Output = (u32, NodeId, Result<T>)> + 'a
+    where
+        F: Fn(ShardClient, Option<v1::ShardId>, Duration) -> Fut,
+        Fut: Future<Output = Result<T, ShoalError>> + 'a,
+        T: 'a,
+    {
+        use futures::StreamExt;
+        // The in-sync replicas, least busy first: the next one is
+        // asked when one fails, or as well when one is slower than its
+        // recent p95 (a hedge), within the same deadline.
+        // Replicas the prober marked down go last: its verdict is a
+        // suspicion (a probe that timed out on a busy node), so they
+        // are still asked once every other replica failed.
+        let (up, down): (Vec<_>, Vec<_>) =
+            self.outstanding.least_busy_first(c.shards[i as usize].in_sync_nodes()).into_iter().partition(|n| self.node_up(n));
+        let replicas: Vec<(NodeId, bool)> = up.into_iter().map(|n| (n, true)).chain(down.into_iter().map(|n| (n, false))).collect();
+        let span = tracing::info_span!("shard", collection = %c.name, shard = i, node = tracing::field::Empty);
+        async move {
+            let started = tokio::time::Instant::now();
+            // `gated`: the call fails at once if the prober marks the
+            // node down, so that another replica is asked instead; not
+            // the last replica's, which has no one to give way to. A
+            // replica already marked down (asked only because every
+            // other failed) gets SUSPECT_GRACE: a busy node whose probe
+            // timed out answers a search in milliseconds, a stopped
+            // one never, and the search must not wait its deadline.
+            let ask = |(node, up): (NodeId, bool), last: bool| {
+                let gated = up && !last;
+                tracing::Span::current().record("node", tracing::field::display(&node));
+                let tracked = self.outstanding.track(&node);
+                let mut left = timeout.saturating_sub(started.elapsed());
+                if !up {
+                    left = left.min(SUSPECT_GRACE);
+                }
+                // Made inside the span, so the call carries its trace context.
+                let call = self.client(&node).map(|cl| f(cl, Self::shard_id(c, i), left));
+                async move {
+                    let _tracked = tracked;
+                    let asked = tokio::time::Instant::now();
+                    let r = match call {
+                        Ok(fut) if gated => self.on_node(&node, fut).await,
+                        Ok(fut) if up => fut.await.map_err(Error::from),
+                        // Its own deadline (the grace) ends the call on
+                        // its side; a stopped node ends it on ours.
+                        Ok(fut) => match tokio::time::timeout(left, fut).await {
+                            Ok(Ok(v)) => Ok(v),
+                            Ok(Err(e)) if e.code != ErrorCode::DeadlineExceeded => Err(Error::from(e)),
+                            Ok(Err(_)) | Err(_) => Err(self.pool.liveness().check(&node).err().map_or_else(
+                                || Error::Deadline(format!("node {node} did not answer within {left:?}")),
+                                |e| e.context(format!("asked anyway, no answer within {left:?}")),
+                            )),
+                        },
+                        Err(e) => Err(e),
+                    };
+                    if r.is_ok() {
+                        self.outstanding.answered(&node, asked.elapsed());
+                    }
+                    (node, r)
+                }
+            };
+            let mut waiting = replicas.into_iter();
+            let mut running = futures::stream::FuturesUnordered::new();
+            let mut hedge_at = None;
+            if let Some(node) = waiting.next() {
+                hedge_at = self.hedge_delay(&node.0).map(|d| started + d);
+                running.push(ask(node, waiting.len() == 0));
+            }
+            let mut failed: Vec<(NodeId, Error)> = Vec::new();
+            loop {
+                let more = waiting.len() > 0 && started.elapsed() < timeout;
+                let hedge = async {
+                    match hedge_at {
+                        Some(at) if more => tokio::time::sleep_until(at).await,
+                        _ => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    done = running.next() => {
+                        let Some((node, r)) = done else { break };
+                        match r {
+                            Ok(v) => return (i, node, Ok(v)),
+                            // The request's own fault: another replica says the same.
+                            Err(e) if matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::ResourceExhausted) => {
+                                return (i, node, Err(e));
+                            }
+                            Err(e) => {
+                                tracing::debug!(shard = i, %node, code = ?e.code(), error = %e, "replica failed; the next one, if any, is asked");
+                                failed.push((node, e));
+                            }
+                        }
+                        // Fail over: a replica is out, ask the next one now.
+                        if let Some(next) = waiting.next().filter(|_| more) {
+                            hedge_at = self.hedge_delay(&next.0).map(|d| tokio::time::Instant::now() + d);
+                            running.push(ask(next, waiting.len() == 0));
+                        }
+                    }
+                    () = hedge => {
+                        if let Some(next) = waiting.next() {
+                            tracing::debug!(shard = i, node = %next.0, "hedged read");
+                            hedge_at = self.hedge_delay(&next.0).map(|d| tokio::time::Instant::now() + d);
+                            running.push(ask(next, waiting.len() == 0));
+                        }
+                    }
+                }
+            }
+            match replicas_failed(failed) {
+                Some((node, e)) => (i, node, Err(e)),
+                None => (i, c.node_of(i).clone(), Err(Error::Internal(format!("shard {i} has no replica in sync")))),
+            }
+        }
+        .instrument(span)
     }
 
     /// Writes a batch: splits it by shard and applies the parts
@@ -753,13 +779,16 @@ impl Cluster {
         }
         let timeout = bounded(self.opts.search_timeout, caller);
         let groups = group_ids(&ids, c.shard_count());
-        let calls = groups.into_iter().map(|(shard, ids)| {
-            let node = c.node_of(shard).clone();
-            let req = v1::GetPointsRequest { shard: Self::shard_id(&c, shard), ids, with_vector };
-            async move {
-                let client = self.client(&node)?;
-                self.on_node(&node, client.get_points(req, timeout)).await.map_err(|e| e.context(format!("shard {shard} on node {node}")))
-            }
+        let c = &c;
+        // Each shard's ids from any of its in-sync replicas, failing over
+        // as a search does: every acknowledged write is on all of them.
+        let calls = groups.into_iter().map(|(shard, ids)| async move {
+            let read = |client: ShardClient, id: Option<v1::ShardId>, left: Duration| {
+                let req = v1::GetPointsRequest { shard: id, ids: ids.clone(), with_vector };
+                async move { client.get_points(req, left).await }
+            };
+            let (i, node, r) = self.read_shard(c, shard, timeout, &read).await;
+            r.map_err(|e| e.context(format!("shard {i} on node {node}")))
         });
         let mut found = HashMap::new();
         for r in join_all(calls).await {
@@ -875,10 +904,17 @@ impl Cluster {
 }
 
 /// One shard's failure when every replica asked failed: the last one's
-/// error, naming what the others answered so that an operator sees every
-/// replica's reason, not only the last.
+/// error (but see below), naming what the others answered so that an operator sees every
+/// replica's reason, not only the last. The code is DATA_LOSS only when
+/// every replica's was: if one copy was merely unreachable, a retry may
+/// reach it and find the data, so that copy's error (and retry hint) is
+/// the shard's.
 fn replicas_failed(mut failed: Vec<(NodeId, Error)>) -> Option<(NodeId, Error)> {
-    let (node, e) = failed.pop()?;
+    if failed.is_empty() {
+        return None;
+    }
+    let headline = failed.iter().rposition(|(_, e)| e.code() != ErrorCode::DataLoss).unwrap_or(failed.len() - 1);
+    let (node, e) = failed.remove(headline);
     if failed.is_empty() {
         return Some((node, e));
     }
@@ -895,7 +931,10 @@ fn search_failure(failures: &[(u32, NodeId, Error)], total: u32, allow_partial: 
     if let Some((i, node, e)) = failures.iter().find(|f| caller_error(&f.2)) {
         return Some(e.clone().context(format!("shard {i} on node {node}")));
     }
-    let (i, node, e) = failures.first()?;
+    // A shard whose every copy is damaged leads: a retry cannot help it
+    // (an operator must recover it), where one that was unreachable may
+    // answer the next time.
+    let (i, node, e) = failures.iter().find(|f| f.2.code() == ErrorCode::DataLoss).or(failures.first())?;
     if allow_partial {
         return None;
     }
@@ -972,6 +1011,30 @@ mod tests {
         let late = Error::Remote(ShoalError::deadline("no answer within 2s"));
         assert_eq!(search_failure(&[(0, node("a"), late)], 3, false).unwrap().code(), ErrorCode::DeadlineExceeded);
         assert!(search_failure(&[], 3, false).is_none());
+    }
+
+    #[test]
+    fn data_loss_is_the_shards_error_only_when_every_replica_lost_it() {
+        let lost = |n: &str| Error::Remote(ShoalError::new(ErrorCode::DataLoss, format!("shard docs/1 on {n} is damaged")));
+        let gone = Error::Remote(ShoalError::unavailable("connection lost", Duration::from_millis(300)));
+        assert!(replicas_failed(Vec::new()).is_none());
+        // One copy damaged, the other unreachable: a retry may reach the
+        // other one, whichever failed last.
+        for failed in [vec![(node("a"), lost("a")), (node("b"), gone.clone())], vec![(node("b"), gone.clone()), (node("a"), lost("a"))]] {
+            let (n, e) = replicas_failed(failed).unwrap();
+            assert_eq!((n.as_str(), e.code(), e.retry_after()), ("b", ErrorCode::Unavailable, Some(Duration::from_millis(300))));
+            assert!(e.to_string().contains("a: shard docs/1 on a is damaged"), "the damaged copy is named too: {e}");
+        }
+        let (n, e) = replicas_failed(vec![(node("a"), lost("a")), (node("b"), lost("b"))]).unwrap();
+        assert_eq!((n.as_str(), e.code(), e.retry_after()), ("b", ErrorCode::DataLoss, None));
+        assert!(e.to_string().contains("on a is damaged") && e.to_string().contains("on b is damaged"), "{e}");
+
+        // A search: the lost shard leads, with no retry hint.
+        let failures = vec![(0, node("b"), gone), (1, node("a"), lost("a"))];
+        let e = search_failure(&failures, 3, false).unwrap();
+        assert_eq!((e.code(), e.retry_after()), (ErrorCode::DataLoss, None), "{e}");
+        assert!(e.to_string().contains("shard 1 on node a"), "{e}");
+        assert!(search_failure(&failures, 3, true).is_none(), "partial results leave the lost shard out");
     }
 
     #[test]

@@ -59,7 +59,9 @@ pub enum Error {
     Contended { collection: CollectionName, shard: u32, attempts: usize },
     /// A search some shards did not answer, partial results not allowed.
     /// `all_late`: every failure was a deadline, so waiting longer, not
-    /// retrying soon, is what helps.
+    /// retrying soon, is what helps. When `first` is DATA_LOSS (every
+    /// copy of that shard is damaged), so is the search: no retry helps
+    /// until an operator recovers the shard.
     #[error(
         "{failed} of {total} shards did not answer (first: shard {shard} on node {node}: {first}); \
          set allow_partial to get what the others found"
@@ -114,6 +116,7 @@ impl Error {
             | Error::ShardMoving { .. }
             | Error::Contended { .. }
             | Error::TooFewInSync { .. } => ErrorCode::Unavailable,
+            Error::ShardsUnanswered { first, .. } if first.code() == ErrorCode::DataLoss => ErrorCode::DataLoss,
             Error::ShardsUnanswered { all_late: true, .. } => ErrorCode::DeadlineExceeded,
             Error::ShardsUnanswered { all_late: false, .. } => ErrorCode::Unavailable,
             // The store's own mapping (Conflict is UNAVAILABLE, ...).
@@ -137,6 +140,8 @@ impl Error {
             Error::NoCapacity | Error::NoNodes => Some(Duration::from_secs(5)),
             // A move's switch is a conditional write away.
             Error::ShardMoving { .. } => Some(Duration::from_millis(500)),
+            // Damaged on every copy: retrying cannot help (the code says so).
+            Error::ShardsUnanswered { first, .. } if first.code() == ErrorCode::DataLoss => None,
             Error::ShardsUnanswered { all_late: false, first, .. } => Some(first.retry_after().unwrap_or(Duration::from_secs(1))),
             Error::Metadata(e) => ShoalError::from(e.clone()).retry_after,
             Error::Remote(e) => e.retry_after.or((e.code == ErrorCode::Unavailable).then_some(Duration::from_secs(1))),
@@ -216,6 +221,17 @@ mod tests {
                     all_late: true,
                 },
                 Code::DeadlineExceeded,
+            ),
+            (
+                Error::ShardsUnanswered {
+                    failed: 1,
+                    total: 3,
+                    shard: 1,
+                    node: node("n1"),
+                    first: Box::new(Error::Remote(ShoalError::new(ErrorCode::DataLoss, "shard docs/1 on this node is damaged"))),
+                    all_late: false,
+                },
+                Code::DataLoss,
             ),
             (Error::Metadata(MetaError::Conflict { what: "collection docs".into(), expected: 1, found: 2 }), Code::Unavailable),
             (Error::Metadata(MetaError::AlreadyExists("collection docs".into())), Code::AlreadyExists),

@@ -10,7 +10,15 @@ use tonic::transport::Channel;
 pub(crate) struct TestCluster {
     pub(crate) cluster: EmbeddedCluster,
     pub(crate) client: ShoalClient<Channel>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+}
+
+impl TestCluster {
+    /// Where shard node `i` keeps its data (`EmbeddedConfig::ephemeral`'s
+    /// layout), for tests that damage it.
+    pub(crate) fn node_dir(&self, i: usize) -> std::path::PathBuf {
+        self.dir.path().join(format!("shard-{i}"))
+    }
 }
 
 pub(crate) async fn cluster(nodes: usize) -> TestCluster {
@@ -32,7 +40,7 @@ pub(crate) async fn cluster_with_store(nodes: usize, store_url: Option<&str>) ->
     cfg.coordinator.search_timeout_ms = 3_000;
     let cluster = EmbeddedCluster::start(cfg).await.unwrap();
     let client = cluster.client().await.unwrap();
-    TestCluster { cluster, client, _dir: dir }
+    TestCluster { cluster, client, dir }
 }
 
 pub(crate) fn rng(test: &str) -> StdRng {

@@ -377,3 +377,79 @@ async fn a_replica_that_disagrees_is_resynced_from_the_primary() {
     assert_exact(&mut tc.client, &all, &mut rng, "after the resync").await;
     tc.cluster.shutdown().await.unwrap();
 }
+
+/// Stops node `i`, overwrites both LMDB meta pages of its copies of
+/// `docs`'s `shards` shards (what a torn write or a bad disk does), and
+/// starts it again: it then answers every request for them with DATA_LOSS
+/// (docs/security.md, "Damaged data on disk"). Returns once the prober
+/// has seen it down and up again, so that reads ask it among the first
+/// rather than last.
+async fn damage_copies(tc: &mut TestCluster, i: usize, shards: u32) {
+    tc.cluster.stop_node(i).await.unwrap();
+    wait_for_health(tc, i, false).await;
+    for s in 0..shards {
+        let file = tc.node_dir(i).join(format!("shards/docs/{s}/data.mdb"));
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[..8192].fill(0xA5);
+        std::fs::write(&file, bytes).unwrap();
+    }
+    tc.cluster.restart_node(i).await.unwrap();
+    wait_for_health(tc, i, true).await;
+}
+
+/// Waits (bounded) until the coordinator's prober sees node `i` up (or down).
+async fn wait_for_health(tc: &TestCluster, i: usize, up: bool) {
+    let id = shoal_proto::NodeId::parse(&format!("shard-{i}")).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tc.cluster.coordinator.cluster.liveness().health(&id).up != up {
+        assert!(std::time::Instant::now() < deadline, "shard-{i} not marked {} after 10 s", if up { "up" } else { "down" });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A copy whose data is damaged answers DATA_LOSS. Reads go to another
+/// copy of the shard, as they do when a node is down: searches stay exact
+/// and a get finds every point. Only when every copy is damaged does a
+/// read fail, with DATA_LOSS (no retry hint: retrying cannot help) naming
+/// every copy and the way out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_fail_over_from_a_damaged_copy_and_report_data_loss_when_every_copy_is() {
+    let mut rng = rng("reads_fail_over_from_a_damaged_copy_and_report_data_loss_when_every_copy_is");
+    let mut tc = cluster(2).await;
+    create_replicated(&mut tc.client, "docs", 2, 2, 1).await;
+    let all = points(&mut rng, DIM as usize, 0..400);
+    let batches: Vec<_> = all.chunks(100).enumerate().map(|(i, c)| batch("docs", "job", i as u64 + 1, c.to_vec())).collect();
+    ingest(&mut tc.client, batches).await.unwrap();
+    assert_exact(&mut tc.client, &all, &mut rng, "both copies sound").await;
+    let get_all = || v1::GetRequest { collection: "docs".into(), ids: (0..400).collect(), with_vector: true };
+
+    // Damage the copies on shard 0's primary: the replica a read asks
+    // first (among equally busy ones, the placement's order), and the
+    // only one a get used to ask.
+    let primary = describe(&mut tc.client, "docs").await.shards[0].node.clone();
+    let damaged: usize = primary.trim_start_matches("shard-").parse().unwrap();
+    damage_copies(&mut tc, damaged, 2).await;
+    assert_exact(&mut tc.client, &all, &mut rng, "one copy of each shard damaged").await;
+    for _ in 0..5 {
+        let got = tc.client.get(get_all()).await.unwrap_or_else(|e| panic!("get with one copy damaged: {e:?}")).into_inner();
+        assert!(got.missing.is_empty(), "missing {:?}", got.missing);
+        assert_eq!(got.points.len(), all.len());
+        for (p, want) in got.points.iter().zip(&all) {
+            assert_eq!((p.id, &p.vector), (want.id, &want.vector));
+        }
+    }
+
+    // Every copy damaged: DATA_LOSS, not UNAVAILABLE with a retry hint.
+    damage_copies(&mut tc, 1 - damaged, 2).await;
+    let search = v1::SearchRequest { collection: "docs".into(), vector: vector(&mut rng, DIM as usize), k: 10, ..Default::default() };
+    let e = tc.client.search(search).await.unwrap_err();
+    assert_eq!(e.code(), Code::DataLoss, "{e:?}");
+    assert!(e.metadata().get("retry-after-ms").is_none(), "a retry cannot help: {e:?}");
+    assert!(e.message().contains("shard recover docs/"), "the way out is named: {}", e.message());
+    assert!(e.message().contains("shard-0") && e.message().contains("shard-1"), "every copy is named: {}", e.message());
+    let e = tc.client.get(get_all()).await.unwrap_err();
+    assert_eq!(e.code(), Code::DataLoss, "{e:?}");
+    assert!(e.metadata().get("retry-after-ms").is_none(), "a retry cannot help: {e:?}");
+    assert!(e.message().contains("shard recover docs/"), "{}", e.message());
+    tc.cluster.shutdown().await.unwrap();
+}
