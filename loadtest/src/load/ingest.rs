@@ -280,7 +280,7 @@ async fn stream(s: usize, clients: Clients, collection: String, data: Arc<Data>,
 /// Reads the acks of one stream until it ends. `None` if it ended cleanly;
 /// else the failure's code and retry hint.
 async fn receive(
-    mut client: shoal_proto::v1::shoal_client::ShoalClient<tonic::transport::Channel>,
+    mut client: shoal_proto::auth::KeyedClient,
     rx: tokio::sync::mpsc::Receiver<v1::IngestRequest>,
     pending: &Mutex<VecDeque<Pending>>,
     plan: &Plan,

@@ -14,9 +14,10 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use shoal_ops::embedded::{EmbeddedCluster, EmbeddedConfig};
 use shoal_ops::procs::{ClusterSpec, Launcher, Proc, ProcessCluster};
+use shoal_proto::auth::{BearerKey, KeyedClient};
 use shoal_proto::v1;
 use shoal_proto::v1::shoal_client::ShoalClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 use super::stats::code_name;
 
@@ -56,6 +57,12 @@ pub(crate) struct TargetArgs {
     /// speak TLS to them.
     #[arg(long, value_name = "PEM")]
     pub(crate) tls_ca: Option<PathBuf>,
+    /// API key sent with every call (`authorization: Bearer <key>`), when
+    /// the coordinators require keys (docs/security.md). A cluster this
+    /// run starts requires none. Never written to the report.
+    #[arg(long, env = "SHOAL_API_KEY", hide_env_values = true, value_name = "KEY", value_parser = |s: &str| Ok::<_, String>(ApiKey(s.to_owned())))]
+    #[serde(skip)]
+    pub(crate) api_key: Option<ApiKey>,
     /// The collection.
     #[arg(long, default_value = "loadtest")]
     pub(crate) collection: String,
@@ -80,17 +87,29 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
     s.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())).ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
+/// An API key. Its `Debug` does not show it, so that printing the
+/// arguments never leaks it (the report skips it too). It is checked in
+/// [`Target::start`], not by clap, whose error would repeat the value.
+#[derive(Clone)]
+pub(crate) struct ApiKey(String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(..)")
+    }
+}
+
 /// Clients of the coordinators, handed out in turn.
 #[derive(Clone)]
 pub(crate) struct Clients {
-    list: Arc<Vec<ShoalClient<Channel>>>,
+    list: Arc<Vec<KeyedClient>>,
     next: Arc<AtomicUsize>,
 }
 
 impl Clients {
     /// One connection per URL and `connections`, over TLS when `tls_ca` is
-    /// given.
-    pub(crate) async fn connect(urls: &[String], connections: usize, tls_ca: Option<&std::path::Path>) -> Result<Clients> {
+    /// given; every call carries `key` (the interceptor shoalctl uses).
+    pub(crate) async fn connect(urls: &[String], connections: usize, tls_ca: Option<&std::path::Path>, key: BearerKey) -> Result<Clients> {
         let tls = tls_ca.map(|ca| shoal_server::ClientTls::with_ca(ca).load()).transpose()?;
         let mut list = Vec::new();
         for url in urls {
@@ -112,7 +131,11 @@ impl Clients {
                     .connect()
                     .await
                     .with_context(|| format!("connecting to {url}"))?;
-                list.push(ShoalClient::new(channel).max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20));
+                list.push(
+                    ShoalClient::with_interceptor(channel, key.clone())
+                        .max_decoding_message_size(256 << 20)
+                        .max_encoding_message_size(256 << 20),
+                );
             }
         }
         ensure!(!list.is_empty(), "no coordinator: give --coordinator URL, --embedded N or --processes BIN_DIR");
@@ -120,7 +143,7 @@ impl Clients {
     }
 
     /// The next client in turn.
-    pub(crate) fn next(&self) -> ShoalClient<Channel> {
+    pub(crate) fn next(&self) -> KeyedClient {
         self.list[self.next.fetch_add(1, Ordering::Relaxed) % self.list.len()].clone()
     }
 }
@@ -160,6 +183,11 @@ impl Target {
             }
         };
         ensure!(!a.tls || a.embedded.is_some(), "--tls starts a TLS cluster with --embedded; for --coordinator give --tls-ca");
+        // Before anything is started: a key that cannot be a header value
+        // (not printable ASCII) would fail every call. The message never
+        // repeats the key. A blank key sends no header, as in shoalctl.
+        let api_key = a.api_key.as_ref().map(|k| k.0.as_str());
+        let key = BearerKey::new(api_key).map_err(|e| anyhow!("--api-key: {e}"))?;
         let mut tls_ca = a.tls_ca.clone();
         let (urls, started, kind, tmp) = if let Some(n) = a.embedded {
             ensure!(n > 0, "--embedded needs at least 1 shard node");
@@ -194,7 +222,10 @@ impl Target {
             ensure!(!a.coordinators.is_empty(), "no target: give --coordinator URL, --embedded N or --processes BIN_DIR");
             (a.coordinators.clone(), Started::None, "coordinators", None)
         };
-        let clients = Clients::connect(&urls, a.connections, tls_ca.as_deref()).await?;
+        if api_key.is_some_and(|k| !k.trim().is_empty()) && !matches!(started, Started::None) {
+            eprintln!("warning: --api-key is sent, but the cluster this run starts requires no key");
+        }
+        let clients = Clients::connect(&urls, a.connections, tls_ca.as_deref(), key).await?;
         Ok(Target { clients, kind, urls, started, _tmp: tmp })
     }
 

@@ -348,3 +348,87 @@ async fn ingest_goes_on_after_a_shard_node_comes_back() {
     assert!(points >= c.items && points <= c.sent * 100, "{points} {c:?}");
     cluster.shutdown().await.unwrap();
 }
+
+/// Against a coordinator that requires API keys (docs/security.md):
+/// `--api-key` goes with every call, the collection's creation, the Ingest
+/// streams and the searches; a run without a key is refused before it
+/// measures anything; the key is not written to the report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_the_api_key_goes_with_every_call_and_stays_out_of_the_report() {
+    use shoal_ops::security::{key_entry_toml, new_api_key};
+    let data = tempfile::tempdir().unwrap();
+    let (admin, admin_hash) = new_api_key();
+    let (reader, reader_hash) = new_api_key();
+    let keys_file = data.path().join("keys.toml");
+    let keys = [key_entry_toml("loadtest", &admin_hash, "admin", &[]), key_entry_toml("search", &reader_hash, "read", &[])];
+    std::fs::write(&keys_file, keys.concat()).unwrap();
+    let mut cfg = EmbeddedConfig::ephemeral(data.path().join("cluster"), 1);
+    cfg.coordinator.auth.keys_file = Some(keys_file);
+    let cluster = EmbeddedCluster::start(cfg).await.unwrap();
+    let url = cluster.endpoint();
+    let out = tempfile::tempdir().unwrap();
+    let json = path(out.path(), "r.json");
+
+    // Creating the collection needs an admin key, each Ingest stream a writer's.
+    let r = run(&[
+        "ingest",
+        "--coordinator",
+        &url,
+        "--api-key",
+        &admin,
+        "--create",
+        "--collection",
+        "secured",
+        "--points",
+        "500",
+        "--dim",
+        "8",
+        "--streams",
+        "2",
+        "--batch",
+        "100",
+        "--no-progress",
+        "--json",
+        &json,
+    ])
+    .await
+    .unwrap();
+    check_counts(&r);
+    let c = &r.phases[0].counts;
+    assert_eq!((c.sent, c.ok, c.errors, c.items), (5, 5, 0, 500), "{:?}", r.phases[0].errors);
+    assert_eq!(r.collection.points, Some(500));
+    let report = std::fs::read_to_string(&json).unwrap();
+    assert!(!report.contains(&admin), "the key is in the report");
+
+    // A reader's key is enough to search.
+    let query: [&str; 14] = [
+        "query",
+        "--coordinator",
+        &url,
+        "--collection",
+        "secured",
+        "--points",
+        "500",
+        "--dim",
+        "8",
+        "--queries",
+        "10",
+        "--count",
+        "30",
+        "--no-progress",
+    ];
+    let r = run(&[&query[..], &["--api-key", &reader]].concat()).await.unwrap();
+    check_counts(&r);
+    let c = &r.phases[0].counts;
+    assert_eq!((c.sent, c.ok, c.errors), (30, 30, 0), "{:?}", r.phases[0].errors);
+
+    // Without a key: refused when the run checks the collection, before
+    // any load is sent.
+    let e = run(&query).await.unwrap_err();
+    assert!(format!("{e:#}").contains("UNAUTHENTICATED"), "{e:#}");
+    // A key that cannot be a header value is refused, without repeating it.
+    let e = run(&[&query[..], &["--api-key", "shoal_s\u{e9}cret"]].concat()).await.unwrap_err();
+    let e = format!("{e:#}");
+    assert!(e.contains("--api-key: the API key must be printable ASCII") && !e.contains("cret"), "{e}");
+    cluster.shutdown().await.unwrap();
+}
