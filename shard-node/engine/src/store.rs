@@ -344,9 +344,11 @@ fn lmdb_corruption(e: &heed::MdbError) -> Option<&'static str> {
     use heed::MdbError as M;
     match e {
         M::PageNotFound => Some("LMDB followed a page number past the last page written: a page pointer in data.mdb is damaged"),
-        M::Corrupted => {
-            Some("LMDB met a page of the wrong kind (a branch page where a leaf was due, or the reverse): a page of data.mdb is damaged")
-        }
+        // Also what liblmdb's page checks answer (third_party/README.md).
+        M::Corrupted => Some(
+            "LMDB met a damaged page in data.mdb (of the wrong kind, or whose header or nodes point outside it, \
+             or a free-page record naming pages past the file)",
+        ),
         M::Invalid => Some("data.mdb is not an LMDB environment: its meta pages (the first two) are damaged"),
         M::VersionMismatch => Some("data.mdb's meta pages name another LMDB format version: they are damaged or the file is foreign"),
         // Our databases are created with fixed flags; a record whose flags

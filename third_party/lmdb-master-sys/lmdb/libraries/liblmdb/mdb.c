@@ -1404,6 +1404,16 @@ struct MDB_txn {
 #define MDB_TXN_HAS_CHILD	0x10		/**< txn has an #MDB_txn.%mt_child */
 	/** most operations on the txn are currently illegal */
 #define MDB_TXN_BLOCKED		(MDB_TXN_FINISHED|MDB_TXN_ERROR|MDB_TXN_HAS_CHILD)
+	/** shoal: the error that blocked the txn was a damaged page. Some
+	 *	callers drop that error (#mdb_cursor_init() refreshing a stale
+	 *	root), so the calls refused after it say #MDB_CORRUPTED, not
+	 *	#MDB_BAD_TXN, and the damage is reported wherever it shows.
+	 */
+#define MDB_TXN_CORRUPT		0x100
+	/** shoal: what a call refused on a blocked txn returns */
+#define MDB_TXN_BLOCKED_RC(txn)	(((txn)->mt_flags & MDB_TXN_CORRUPT) ? MDB_CORRUPTED : MDB_BAD_TXN)
+	/** shoal: marks a txn unusable because of a damaged page */
+#define MDB_TXN_SET_CORRUPT(txn)	((txn)->mt_flags |= MDB_TXN_ERROR|MDB_TXN_CORRUPT)
 /** @} */
 	unsigned int	mt_flags;		/**< @ref mdb_txn */
 	/** #dirty_list room: Array size - \#dirty pages visible to this txn.
@@ -1602,7 +1612,16 @@ struct MDB_env {
 #endif
 	void		*me_userctx;	 /**< User-settable context */
 	MDB_assert_func *me_assert_func; /**< Callback for assertion failures */
+	/** shoal: which mapped pages #mdb_page_check() found sound, one bit
+	 *	per page in chunks of #MDB_CHECKED_CHUNK pages, allocated as
+	 *	pages are first read. #me_checked has #me_checked_n chunk slots.
+	 */
+	uint64_t	**me_checked;
+	size_t		me_checked_n;
 };
+
+	/** shoal: pages per chunk of #MDB_env.%me_checked (4 KiB of bits). */
+#define MDB_CHECKED_CHUNK	32768
 
 	/** Nested transaction */
 typedef struct MDB_ntxn {
@@ -2622,6 +2641,21 @@ mdb_page_alloc(MDB_cursor *mc, int num, MDB_page **mp)
 			goto fail;
 
 		idl = (MDB_ID *) data.mv_data;
+		/* shoal: a damaged record must not read past its value nor
+		 * hand out pages past the file.
+		 */
+		if (data.mv_size < sizeof(MDB_ID) || idl[0] > data.mv_size / sizeof(MDB_ID) - 1) {
+			MDB_TXN_SET_CORRUPT(txn);
+			rc = MDB_CORRUPTED;
+			goto fail;
+		}
+		for (j = 1; j <= idl[0]; j++) {
+			if (idl[j] < NUM_METAS || idl[j] >= txn->mt_next_pgno) {
+				MDB_TXN_SET_CORRUPT(txn);
+				rc = MDB_CORRUPTED;
+				goto fail;
+			}
+		}
 		i = idl[0];
 		if (!mop) {
 			if (!(env->me_pghead = mop = mdb_midl_alloc(i))) {
@@ -3249,7 +3283,8 @@ mdb_txn_begin(MDB_env *env, MDB_txn *parent, unsigned int flags, MDB_txn **ret)
 		if ((F_ISSET(flags, MDB_WRITEMAP) && !F_ISSET(flags, MDB_RDONLY)) || F_ISSET(flags, MDB_TXN_BLOCKED)) {
 			flags = parent->mt_flags;
 			pthread_mutex_unlock(&parent->mt_child_mutex);
-			return (flags & MDB_TXN_RDONLY) ? EINVAL : MDB_BAD_TXN;
+			return (flags & MDB_TXN_RDONLY) ? EINVAL :
+				(flags & MDB_TXN_CORRUPT) ? MDB_CORRUPTED : MDB_BAD_TXN;
 		}
 		pthread_mutex_unlock(&parent->mt_child_mutex);
 		/* Child txns save MDB_pgstate and use own copy of cursors */
@@ -4054,8 +4089,8 @@ _mdb_txn_commit(MDB_txn *txn)
 	if (txn->mt_flags & (MDB_TXN_FINISHED|MDB_TXN_ERROR)) {
 		DPUTS("txn has failed/finished, can't commit");
 		if (txn->mt_parent)
-			txn->mt_parent->mt_flags |= MDB_TXN_ERROR;
-		rc = MDB_BAD_TXN;
+			txn->mt_parent->mt_flags |= MDB_TXN_ERROR | (txn->mt_flags & MDB_TXN_CORRUPT);
+		rc = MDB_TXN_BLOCKED_RC(txn);
 		goto fail;
 	}
 
@@ -4702,6 +4737,25 @@ mdb_env_map(MDB_env *env, void *addr)
 	return MDB_SUCCESS;
 }
 
+/** shoal: makes #MDB_env.%me_checked cover every page of the map. Called
+ *	when no transaction is active. Without memory, pages stay unchecked
+ *	in the table and are checked on every read instead.
+ */
+static void ESECT
+mdb_env_checked_grow(MDB_env *env)
+{
+	size_t n = env->me_maxpg / MDB_CHECKED_CHUNK + 1;
+	uint64_t **t;
+	if (n <= env->me_checked_n)
+		return;
+	t = realloc(env->me_checked, n * sizeof(*t));
+	if (!t)
+		return;
+	memset(t + env->me_checked_n, 0, (n - env->me_checked_n) * sizeof(*t));
+	env->me_checked = t;
+	env->me_checked_n = n;
+}
+
 int ESECT
 mdb_env_set_mapsize(MDB_env *env, mdb_size_t size)
 {
@@ -4740,6 +4794,7 @@ mdb_env_set_mapsize(MDB_env *env, mdb_size_t size)
 	env->me_mapsize = size;
 	if (env->me_psize)
 		env->me_maxpg = env->me_mapsize / env->me_psize;
+	mdb_env_checked_grow(env);
 	MDB_TRACE(("%p, %"Yu"", env, size));
 	return MDB_SUCCESS;
 }
@@ -5144,6 +5199,7 @@ mdb_env_open2(MDB_env *env, int prev)
 	env->me_maxkey = env->me_nodemax - (NODESIZE + sizeof(MDB_db));
 #endif
 	env->me_maxpg = env->me_mapsize / env->me_psize;
+	mdb_env_checked_grow(env);
 
 	if (prev && env->me_txns)
 		env->me_txns->mti_txnid = meta.mm_txnid;
@@ -5856,6 +5912,14 @@ mdb_env_close0(MDB_env *env, int excl)
 	free(env->me_dbflags);
 	free(env->me_path);
 	free(env->me_dirty_list);
+	if (env->me_checked) {
+		size_t c;
+		for (c = 0; c < env->me_checked_n; c++)
+			free(env->me_checked[c]);
+		free(env->me_checked);
+		env->me_checked = NULL;
+		env->me_checked_n = 0;
+	}
 #ifdef MDB_VL32
 	if (env->me_txn0 && env->me_txn0->mt_rpages)
 		free(env->me_txn0->mt_rpages);
@@ -6536,6 +6600,105 @@ ok:
  * @param[out] lvl dirty_list inheritance level of found page. 1=current txn, 0=mapped page.
  * @return 0 on success, non-zero on failure.
  */
+/** shoal: whether #mdb_page_check() already found page \b pgno sound.
+ *	Pages in the map change only by this process's or another writer's
+ *	own writes of sound pages, so a page found sound stays so.
+ */
+static int
+mdb_page_checked(MDB_env *env, pgno_t pgno)
+{
+	size_t c = pgno / MDB_CHECKED_CHUNK, b = pgno % MDB_CHECKED_CHUNK;
+	uint64_t *chunk;
+	if (c >= env->me_checked_n)
+		return 0;
+	chunk = __atomic_load_n(&env->me_checked[c], __ATOMIC_ACQUIRE);
+	return chunk && (__atomic_load_n(&chunk[b / 64], __ATOMIC_RELAXED) >> (b % 64) & 1);
+}
+
+static void
+mdb_page_set_checked(MDB_env *env, pgno_t pgno)
+{
+	size_t c = pgno / MDB_CHECKED_CHUNK, b = pgno % MDB_CHECKED_CHUNK;
+	uint64_t *chunk;
+	if (c >= env->me_checked_n)
+		return;
+	chunk = __atomic_load_n(&env->me_checked[c], __ATOMIC_ACQUIRE);
+	if (!chunk) {
+		uint64_t *fresh = calloc(MDB_CHECKED_CHUNK / 64, sizeof(uint64_t)), *none = NULL;
+		if (!fresh)
+			return;
+		if (__atomic_compare_exchange_n(&env->me_checked[c], &none, fresh, 0,
+				__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+			chunk = fresh;
+		} else {
+			free(fresh);
+			chunk = none;
+		}
+	}
+	__atomic_fetch_or(&chunk[b / 64], (uint64_t)1 << (b % 64), __ATOMIC_RELAXED);
+}
+
+/** shoal: checks page \b p, read from the map as page \b pgno, before
+ *	liblmdb trusts its header and nodes. LMDB keeps no checksums, and a
+ *	page damaged on disk otherwise makes it read or write out of bounds
+ *	(a node's offset or sizes, the header's lower and upper bounds
+ *	copied by #mdb_page_copy()), loop (lower below the header wraps
+ *	#NUMKEYS), or dereference the NULL sub-cursor of a DB without
+ *	duplicates (#F_DUPDATA set on a node). Costs one pass over the
+ *	page's node headers, once per page and environment.
+ * @return 0 if sound, else #MDB_CORRUPTED.
+ */
+static int
+mdb_page_check(MDB_cursor *mc, MDB_page *p, pgno_t pgno)
+{
+	MDB_txn *txn = mc->mc_txn;
+	unsigned int psize = txn->mt_env->me_psize;
+	unsigned int lower, upper, nkeys, i;
+	int leaf;
+
+	if (p->mp_pgno != pgno)
+		return MDB_CORRUPTED;
+	switch (MP_FLAGS(p) & (P_BRANCH|P_LEAF|P_OVERFLOW|P_META)) {
+	case P_OVERFLOW:
+		return p->mp_pages >= 1 && p->mp_pages <= txn->mt_next_pgno - pgno
+			? MDB_SUCCESS : MDB_CORRUPTED;
+	case P_BRANCH:
+		leaf = 0;
+		break;
+	case P_LEAF:
+		leaf = 1;
+		break;
+	default:
+		return MDB_CORRUPTED;
+	}
+	lower = MP_LOWER(p);
+	upper = MP_UPPER(p);
+	if (lower < PAGEHDRSZ - PAGEBASE || lower > upper || upper > psize)
+		return MDB_CORRUPTED;
+	if (IS_LEAF2(p))
+		return leaf ? MDB_SUCCESS : MDB_CORRUPTED;
+	nkeys = NUMKEYS(p);
+	if (!leaf && nkeys < 1)
+		return MDB_CORRUPTED;
+	for (i = 0; i < nkeys; i++) {
+		unsigned int off = MP_PTRS(p)[i] + PAGEBASE, end;
+		MDB_node *node;
+		if (off < upper || off > psize - NODESIZE)
+			return MDB_CORRUPTED;
+		node = (MDB_node *)((char *)p + off);
+		end = off + NODESIZE + NODEKSZ(node);
+		if (leaf) {
+			if (F_ISSET(node->mn_flags, F_DUPDATA) &&
+				!(mc->mc_db && (mc->mc_db->md_flags & MDB_DUPSORT)))
+				return MDB_CORRUPTED;
+			end += F_ISSET(node->mn_flags, F_BIGDATA) ? sizeof(pgno_t) : NODEDSZ(node);
+		}
+		if (end > psize)
+			return MDB_CORRUPTED;
+	}
+	return MDB_SUCCESS;
+}
+
 static int
 mdb_page_get(MDB_cursor *mc, pgno_t pgno, MDB_page **ret, int *lvl)
 {
@@ -6574,7 +6737,7 @@ mdb_page_get(MDB_cursor *mc, pgno_t pgno, MDB_page **ret, int *lvl)
 
 	if (pgno >= txn->mt_next_pgno) {
 		DPRINTF(("page %"Yu" not found", pgno));
-		txn->mt_flags |= MDB_TXN_ERROR;
+		MDB_TXN_SET_CORRUPT(txn);
 		return MDB_PAGE_NOTFOUND;
 	}
 
@@ -6592,6 +6755,17 @@ mapped:
 		MDB_env *env = txn->mt_env;
 		p = (MDB_page *)(env->me_map + env->me_psize * pgno);
 #endif
+	}
+
+	if (!mdb_page_checked(txn->mt_env, pgno)) {
+		int rc = mdb_page_check(mc, p, pgno);
+		if (rc) {
+			MDB_TXN_SET_CORRUPT(txn);
+			return rc;
+		}
+		/* A check without the cursor's DB could not judge node flags. */
+		if (mc->mc_db)
+			mdb_page_set_checked(txn->mt_env, pgno);
 	}
 
 done:
@@ -6728,7 +6902,7 @@ mdb_page_search(MDB_cursor *mc, MDB_val *key, int flags)
 	 */
 	if (mc->mc_txn->mt_flags & MDB_TXN_BLOCKED) {
 		DPUTS("transaction may not be used now");
-		return MDB_BAD_TXN;
+		return MDB_TXN_BLOCKED_RC(mc->mc_txn);
 	} else {
 		/* Make sure we're using an up-to-date root */
 		if (*mc->mc_dbflag & DB_STALE) {
@@ -6902,6 +7076,17 @@ mdb_node_read(MDB_cursor *mc, MDB_node *leaf, MDB_val *data)
 		MDB_PAGE_UNREF(mc->mc_txn, MC_OVPG(mc));
 		MC_SET_OVPG(mc, NULL);
 	}
+	/* shoal: a node of the cursor's page must be on a leaf: a branch
+	 * page where a leaf belongs (damage) has no data to read.
+	 */
+	if (mc->mc_snum) {
+		char *pg = (char *)mc->mc_pg[mc->mc_top];
+		if ((char *)leaf >= pg && (char *)leaf < pg + mc->mc_txn->mt_env->me_psize &&
+			!IS_LEAF(mc->mc_pg[mc->mc_top])) {
+			MDB_TXN_SET_CORRUPT(mc->mc_txn);
+			return MDB_CORRUPTED;
+		}
+	}
 	if (!F_ISSET(leaf->mn_flags, F_BIGDATA)) {
 		data->mv_size = NODEDSZ(leaf);
 		data->mv_data = NODEDATA(leaf);
@@ -6915,6 +7100,12 @@ mdb_node_read(MDB_cursor *mc, MDB_node *leaf, MDB_val *data)
 	if ((rc = mdb_page_get(mc, pgno, &omp, NULL)) != 0) {
 		DPRINTF(("read overflow page %"Yu" failed", pgno));
 		return rc;
+	}
+	/* shoal: the size is the node's, the pages the overflow header's. */
+	if (!IS_OVERFLOW(omp) ||
+		data->mv_size > (mdb_size_t)omp->mp_pages * mc->mc_txn->mt_env->me_psize - PAGEHDRSZ) {
+		MDB_TXN_SET_CORRUPT(mc->mc_txn);
+		return MDB_CORRUPTED;
 	}
 	data->mv_data = METADATA(omp);
 	MC_SET_OVPG(mc, omp);
@@ -6937,7 +7128,7 @@ mdb_get(MDB_txn *txn, MDB_dbi dbi,
 		return EINVAL;
 
 	if (txn->mt_flags & MDB_TXN_BLOCKED)
-		return MDB_BAD_TXN;
+		return MDB_TXN_BLOCKED_RC(txn);
 
 	mdb_cursor_init(&mc, txn, dbi, &mx);
 	rc = mdb_cursor_set(&mc, key, data, MDB_SET, &exact);
@@ -6966,10 +7157,14 @@ mdb_cursor_sibling(MDB_cursor *mc, int move_right)
 	MDB_page	*op;
 #endif
 
+	uint16_t	 kind;
+
 	if (mc->mc_snum < 2) {
 		return MDB_NOTFOUND;		/* root has no siblings */
 	}
 
+	/* shoal: a sibling is of the kind of page it stands beside. */
+	kind = MP_FLAGS(mc->mc_pg[mc->mc_top]) & (P_BRANCH|P_LEAF|P_LEAF2);
 #ifdef MDB_VL32
 	op = mc->mc_pg[mc->mc_top];
 #endif
@@ -7004,6 +7199,11 @@ mdb_cursor_sibling(MDB_cursor *mc, int move_right)
 		/* mc will be inconsistent if caller does mc_snum++ as above */
 		mc->mc_flags &= ~(C_INITIALIZED|C_EOF);
 		return rc;
+	}
+	if ((MP_FLAGS(mp) & (P_BRANCH|P_LEAF|P_LEAF2)) != kind) {
+		mc->mc_flags &= ~(C_INITIALIZED|C_EOF);
+		MDB_TXN_SET_CORRUPT(mc->mc_txn);
+		return MDB_CORRUPTED;
 	}
 
 	mdb_cursor_push(mc, mp);
@@ -7488,7 +7688,7 @@ mdb_cursor_get(MDB_cursor *mc, MDB_val *key, MDB_val *data,
 		return EINVAL;
 
 	if (mc->mc_txn->mt_flags & MDB_TXN_BLOCKED)
-		return MDB_BAD_TXN;
+		return MDB_TXN_BLOCKED_RC(mc->mc_txn);
 
 	switch (op) {
 	case MDB_GET_CURRENT:
@@ -7734,7 +7934,7 @@ _mdb_cursor_put(MDB_cursor *mc, MDB_val *key, MDB_val *data,
 	flags &= ~MDB_NOSPILL;
 
 	if (mc->mc_txn->mt_flags & (MDB_TXN_RDONLY|MDB_TXN_BLOCKED))
-		return (mc->mc_txn->mt_flags & MDB_TXN_RDONLY) ? EACCES : MDB_BAD_TXN;
+		return (mc->mc_txn->mt_flags & MDB_TXN_RDONLY) ? EACCES : MDB_TXN_BLOCKED_RC(mc->mc_txn);
 
 	if (key->mv_size-1 >= ENV_MAXKEY(env))
 		return MDB_BAD_VALSIZE;
@@ -8249,7 +8449,7 @@ _mdb_cursor_del(MDB_cursor *mc, unsigned int flags)
 	int rc;
 
 	if (mc->mc_txn->mt_flags & (MDB_TXN_RDONLY|MDB_TXN_BLOCKED))
-		return (mc->mc_txn->mt_flags & MDB_TXN_RDONLY) ? EACCES : MDB_BAD_TXN;
+		return (mc->mc_txn->mt_flags & MDB_TXN_RDONLY) ? EACCES : MDB_TXN_BLOCKED_RC(mc->mc_txn);
 
 	if (!(mc->mc_flags & C_INITIALIZED))
 		return EINVAL;
@@ -8826,7 +9026,7 @@ mdb_cursor_open(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **ret)
 		return EINVAL;
 
 	if (txn->mt_flags & MDB_TXN_BLOCKED)
-		return MDB_BAD_TXN;
+		return MDB_TXN_BLOCKED_RC(txn);
 
 	if (dbi == FREE_DBI && !F_ISSET(txn->mt_flags, MDB_TXN_RDONLY))
 		return EINVAL;
@@ -8861,7 +9061,7 @@ mdb_cursor_renew(MDB_txn *txn, MDB_cursor *mc)
 		return EINVAL;
 
 	if (txn->mt_flags & MDB_TXN_BLOCKED)
-		return MDB_BAD_TXN;
+		return MDB_TXN_BLOCKED_RC(txn);
 
 	mdb_cursor_init(mc, txn, mc->mc_dbi, mc->mc_xcursor);
 	return MDB_SUCCESS;
@@ -8880,7 +9080,7 @@ mdb_cursor_count(MDB_cursor *mc, mdb_size_t *countp)
 		return MDB_INCOMPATIBLE;
 
 	if (mc->mc_txn->mt_flags & MDB_TXN_BLOCKED)
-		return MDB_BAD_TXN;
+		return MDB_TXN_BLOCKED_RC(mc->mc_txn);
 
 	if (!(mc->mc_flags & C_INITIALIZED))
 		return EINVAL;
@@ -9732,7 +9932,7 @@ mdb_del(MDB_txn *txn, MDB_dbi dbi,
 		return EINVAL;
 
 	if (txn->mt_flags & (MDB_TXN_RDONLY|MDB_TXN_BLOCKED))
-		return (txn->mt_flags & MDB_TXN_RDONLY) ? EACCES : MDB_BAD_TXN;
+		return (txn->mt_flags & MDB_TXN_RDONLY) ? EACCES : MDB_TXN_BLOCKED_RC(txn);
 
 	if (!F_ISSET(txn->mt_dbs[dbi].md_flags, MDB_DUPSORT)) {
 		/* must ignore any data */
@@ -10235,7 +10435,7 @@ mdb_put(MDB_txn *txn, MDB_dbi dbi,
 		return EINVAL;
 
 	if (txn->mt_flags & (MDB_TXN_RDONLY|MDB_TXN_BLOCKED))
-		return (txn->mt_flags & MDB_TXN_RDONLY) ? EACCES : MDB_BAD_TXN;
+		return (txn->mt_flags & MDB_TXN_RDONLY) ? EACCES : MDB_TXN_BLOCKED_RC(txn);
 
 	MDB_TRACE(("%p, %u, %"Z"u[%s], %"Z"u%s, %u",
 		txn, dbi, key ? key->mv_size:0, DKEY(key), data->mv_size, mdb_dval(txn, dbi, data, dbuf), flags));
@@ -10960,7 +11160,7 @@ int mdb_dbi_open(MDB_txn *txn, const char *name, unsigned int flags, MDB_dbi *db
 	if (flags & ~VALID_FLAGS)
 		return EINVAL;
 	if (txn->mt_flags & MDB_TXN_BLOCKED)
-		return MDB_BAD_TXN;
+		return MDB_TXN_BLOCKED_RC(txn);
 
 	/* main DB? */
 	if (!name) {
@@ -11074,7 +11274,7 @@ mdb_stat(MDB_txn *txn, MDB_dbi dbi, MDB_stat *arg)
 		return EINVAL;
 
 	if (txn->mt_flags & MDB_TXN_BLOCKED)
-		return MDB_BAD_TXN;
+		return MDB_TXN_BLOCKED_RC(txn);
 
 	if (txn->mt_dbflags[dbi] & DB_STALE) {
 		MDB_cursor mc;
