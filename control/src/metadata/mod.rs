@@ -241,7 +241,7 @@ pub async fn open(cfg: &crate::ClusterConfig) -> Result<Arc<dyn MetadataStore>, 
     if !cfg.uses_etcd() {
         return Err(MetaError::Invalid("no etcd endpoints are configured (cluster.etcd)".into()));
     }
-    let options = etcd::EtcdOptions { call_timeout: cfg.call_timeout(), ..etcd::EtcdOptions::default() };
+    let options = etcd::EtcdOptions { call_timeout: cfg.call_timeout(), tls: cfg.tls.clone(), ..etcd::EtcdOptions::default() };
     let store = etcd::EtcdStore::connect(&cfg.etcd, &cfg.prefix, options).await?;
     Ok(Arc::new(store))
 }

@@ -30,6 +30,11 @@
 //! last seen and every change fails with `Unavailable` within
 //! [`EtcdOptions::call_timeout`]. A change returns once this store's view
 //! includes it.
+//!
+//! `https://` endpoints are dialled over TLS with [`EtcdOptions::tls`]'s
+//! files, checked before the first connection (`tls`); when the first
+//! call fails, a handshake of the store's own says why if TLS is the
+//! reason (`probe`).
 
 mod codec;
 mod collections;
@@ -37,7 +42,9 @@ mod election;
 mod keys;
 mod lease;
 mod mirror;
+mod probe;
 mod shared;
+mod tls;
 mod watcher;
 
 use std::sync::Arc;
@@ -53,6 +60,7 @@ use tokio::task::JoinHandle;
 use self::keys::Keys;
 use self::shared::Shared;
 use super::{Collection, Leadership, Member, MetaError, MetadataStore, Registration, Revision, StoreHealth, View};
+use crate::config::EtcdTls;
 
 /// How the store talks to etcd.
 #[derive(Debug, Clone)]
@@ -67,6 +75,8 @@ pub struct EtcdOptions {
     /// How often a waiting campaign asks etcd again whether the controller
     /// key is free, besides watching for it to go.
     pub campaign_recheck: Duration,
+    /// TLS to `https://` endpoints (`cluster.tls`).
+    pub tls: EtcdTls,
 }
 
 impl Default for EtcdOptions {
@@ -76,6 +86,7 @@ impl Default for EtcdOptions {
             view_timeout: Duration::from_secs(5),
             max_backoff: Duration::from_secs(2),
             campaign_recheck: Duration::from_secs(1),
+            tls: EtcdTls::default(),
         }
     }
 }
@@ -87,8 +98,10 @@ pub struct EtcdStore {
 }
 
 impl EtcdStore {
-    /// Connects to etcd at `endpoints` (`http://host:port`) and reads the
-    /// cluster under `prefix`. Fails with `Unavailable` if etcd does not
+    /// Connects to etcd at `endpoints` (`http://host:port`, or
+    /// `https://host:port` with TLS as `options.tls` says) and reads the
+    /// cluster under `prefix`. Fails with `Invalid` if the endpoints or the
+    /// TLS files are wrong (named), and with `Unavailable` if etcd does not
     /// answer within the call timeout: without a first view there is
     /// nothing to serve.
     pub async fn connect(endpoints: &[String], prefix: &str, options: EtcdOptions) -> Result<EtcdStore, MetaError> {
@@ -96,7 +109,8 @@ impl EtcdStore {
         if endpoints.is_empty() {
             return Err(MetaError::Invalid("no etcd endpoint given".into()));
         }
-        let connect = ConnectOptions::new()
+        let (endpoints, tls) = tls::endpoints(endpoints, &options.tls, options.call_timeout)?;
+        let mut connect = ConnectOptions::new()
             .with_connect_timeout(options.call_timeout)
             // Finds a dead connection that sends no reset (a lost machine, a
             // partition): the watch on it fails instead of waiting forever.
@@ -105,12 +119,30 @@ impl EtcdStore {
             // A member cut off from the others ends its watches instead of
             // serving them stale.
             .with_require_leader(true);
-        let client = tokio::time::timeout(options.call_timeout, Client::connect(endpoints, Some(connect)))
-            .await
-            .map_err(|_| MetaError::Unavailable(format!("etcd at {endpoints:?} did not answer within {:?}", options.call_timeout)))?
-            .map_err(|e| shared::etcd_error(&format!("connect to etcd at {endpoints:?}"), e))?;
-        let shared = Arc::new(Shared::new(keys, client, options));
-        shared.install(shared.list().await?);
+        if let Some(tls) = tls {
+            connect = connect.with_tls(tls);
+        }
+        let started = std::time::Instant::now();
+        let first = async {
+            let client = tokio::time::timeout(options.call_timeout, Client::connect(&endpoints, Some(connect)))
+                .await
+                .map_err(|_| MetaError::Unavailable(format!("etcd at {endpoints:?} did not answer within {:?}", options.call_timeout)))?
+                .map_err(|e| shared::etcd_error(&format!("connect to etcd at {endpoints:?}"), e))?;
+            let shared = Arc::new(Shared::new(keys, client, options.clone()));
+            let listed = shared.list().await?;
+            Ok((shared, listed))
+        };
+        let (shared, listed) = match first.await {
+            Ok(connected) => connected,
+            Err(MetaError::Unavailable(error)) => {
+                // Within the call timeout still: refusals come at once, and an
+                // etcd that does not answer has nothing to explain.
+                let left = options.call_timeout.saturating_sub(started.elapsed());
+                return Err(MetaError::Unavailable(explain(&endpoints, &options.tls, left, error).await));
+            }
+            Err(e) => return Err(e),
+        };
+        shared.install(listed);
         let watcher = tokio::spawn(watcher::run(shared.clone()));
         Ok(EtcdStore { shared, watcher })
     }
@@ -118,6 +150,20 @@ impl EtcdStore {
     /// The prefix all of this cluster's keys start with (ends with `/`).
     pub fn prefix(&self) -> &str {
         self.shared.keys.root()
+    }
+}
+
+/// `error` (etcd could not be reached), preceded by why when a handshake
+/// of the store's own shows it: a refused or untrusted certificate, or a
+/// plain-text endpoint that speaks TLS (see `probe`).
+async fn explain(endpoints: &[String], tls: &EtcdTls, limit: Duration, error: String) -> String {
+    if limit.is_zero() {
+        return error;
+    }
+    let probes = endpoints.iter().map(|e| probe::diagnose(e, tls, limit));
+    match futures::future::join_all(probes).await.into_iter().flatten().next() {
+        Some(why) => format!("{why} [{error}]"),
+        None => error,
     }
 }
 

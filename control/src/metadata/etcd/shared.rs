@@ -163,7 +163,22 @@ pub(super) fn etcd_error(what: &str, e: etcd_client::Error) -> MetaError {
     if matches!(e, etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_)) {
         return MetaError::Invalid(format!("cannot {what}: {e}"));
     }
-    MetaError::Unavailable(format!("etcd could not {what}: {e}"))
+    MetaError::Unavailable(format!("etcd could not {what}: {}", describe(&e)))
+}
+
+/// `e` with what caused it: etcd-client's errors do not chain their
+/// sources, and tonic's transport errors say only "transport error", so
+/// a certificate that does not verify or an alert from etcd would not
+/// show.
+pub(super) fn describe(e: &etcd_client::Error) -> String {
+    use std::error::Error;
+    if let etcd_client::Error::TransportError(t) = e {
+        return super::tls::causes(t.to_string(), t.source());
+    }
+    if let etcd_client::Error::GRpcStatus(s) = e {
+        return super::tls::causes(format!("{:?}: {}", s.code(), s.message()), s.source());
+    }
+    e.to_string()
 }
 
 /// etcd says the lease does not exist (it expired or was revoked).
