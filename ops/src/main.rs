@@ -49,6 +49,17 @@ enum Command {
         /// Key prefix in etcd (one cluster per prefix).
         #[arg(long, default_value = "/shoal/dev")]
         etcd_prefix: String,
+        /// TLS to an `https://` etcd: the CA that signed its certificate
+        /// (without it, the system's roots). Passed on to every process
+        /// with the two below (docs/security.md, "TLS to etcd").
+        #[arg(long, value_name = "PEM")]
+        etcd_ca: Option<PathBuf>,
+        /// Client certificate for an etcd with `--client-cert-auth`.
+        #[arg(long, value_name = "PEM")]
+        etcd_cert: Option<PathBuf>,
+        /// The client certificate's private key.
+        #[arg(long, value_name = "PEM")]
+        etcd_key: Option<PathBuf>,
         /// Coordinators to run with `--etcd` (ports `port`, `port + 1`, ...).
         #[arg(long, default_value_t = 1)]
         coordinators: usize,
@@ -268,14 +279,31 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", shoal_ops::security::sha256_hex(key.trim()));
             Ok(())
         }
-        Command::Dev { data_dir, shard_nodes, port, etcd: Some(etcd), etcd_prefix, coordinators, tls_dir, keys_file } => {
+        Command::Dev {
+            data_dir,
+            shard_nodes,
+            port,
+            etcd: Some(etcd),
+            etcd_prefix,
+            etcd_ca,
+            etcd_cert,
+            etcd_key,
+            coordinators,
+            tls_dir,
+            keys_file,
+        } => {
             anyhow::ensure!(
                 tls_dir.is_none() && keys_file.is_none(),
                 "--tls-dir and --keys-file work in process only, not with --etcd (give the processes a config file: docs/security.md)"
             );
-            dev_processes(data_dir, shard_nodes, port, etcd, etcd_prefix, coordinators).await
+            let tls = shoal_control::config::EtcdTls { ca_file: etcd_ca, cert_file: etcd_cert, key_file: etcd_key };
+            dev_processes(data_dir, shard_nodes, port, etcd, etcd_prefix, tls, coordinators).await
         }
-        Command::Dev { data_dir, shard_nodes, port, etcd: None, tls_dir, keys_file, .. } => {
+        Command::Dev { data_dir, shard_nodes, port, etcd: None, etcd_ca, etcd_cert, etcd_key, tls_dir, keys_file, .. } => {
+            anyhow::ensure!(
+                etcd_ca.is_none() && etcd_cert.is_none() && etcd_key.is_none(),
+                "--etcd-ca, --etcd-cert and --etcd-key go with --etcd"
+            );
             dev(data_dir, shard_nodes, port, tls_dir, keys_file).await
         }
         Command::Status => ctl::status(&cli.endpoint).await,
@@ -337,12 +365,14 @@ async fn dev_processes(
     port: u16,
     etcd: String,
     prefix: String,
+    etcd_tls: shoal_control::config::EtcdTls,
     coordinators: usize,
 ) -> anyhow::Result<()> {
     use shoal_ops::procs::{ClusterSpec, Launcher, ProcessCluster};
     anyhow::ensure!(shard_nodes >= 1 && coordinators >= 1, "--shard-nodes and --coordinators must be at least 1");
     let mut spec = ClusterSpec::new(Launcher::Roles(std::env::current_exe()?), &data_dir, shard_nodes);
     spec.etcd = Some((etcd.clone(), prefix.clone()));
+    spec.etcd_tls = etcd_tls;
     spec.coordinators = coordinators;
     spec.first_coordinator_port = (port != 0).then_some(port);
     let cluster = tokio::task::spawn_blocking(move || ProcessCluster::start(&spec)).await??;

@@ -319,6 +319,9 @@ pub struct ClusterSpec {
     /// coordinators read membership and placement from it (instead of the
     /// coordinator being given the nodes' addresses).
     pub etcd: Option<(String, String)>,
+    /// TLS to an `https://` etcd (`--etcd-ca`, `--etcd-cert`, `--etcd-key`
+    /// of every process).
+    pub etcd_tls: shoal_control::config::EtcdTls,
     /// Coordinator `j` listens on this port plus `j` (default: any free
     /// port).
     pub first_coordinator_port: Option<u16>,
@@ -337,15 +340,21 @@ impl ClusterSpec {
             coordinator_env: Vec::new(),
             coordinators: 1,
             etcd: None,
+            etcd_tls: Default::default(),
             first_coordinator_port: None,
         }
     }
 
     fn etcd_args(&self) -> Vec<String> {
-        match &self.etcd {
-            Some((endpoint, prefix)) => vec!["--etcd".into(), endpoint.clone(), "--etcd-prefix".into(), prefix.clone()],
-            None => Vec::new(),
+        let Some((endpoint, prefix)) = &self.etcd else { return Vec::new() };
+        let mut args = vec!["--etcd".into(), endpoint.clone(), "--etcd-prefix".into(), prefix.clone()];
+        let tls = &self.etcd_tls;
+        for (flag, file) in [("--etcd-ca", &tls.ca_file), ("--etcd-cert", &tls.cert_file), ("--etcd-key", &tls.key_file)] {
+            if let Some(f) = file {
+                args.extend([flag.to_owned(), f.to_string_lossy().into_owned()]);
+            }
         }
+        args
     }
 }
 

@@ -67,6 +67,35 @@ fn environment_overrides_the_file() {
     });
 }
 
+/// TLS to etcd from the environment, as docs/security.md lists it.
+#[test]
+#[allow(clippy::result_large_err)]
+fn etcd_tls_settings_come_from_the_environment() {
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("SHOAL_COORD_CLUSTER__ETCD", "[\"https://10.0.0.5:2379\"]");
+        jail.set_env("SHOAL_COORD_CLUSTER__TLS__CA_FILE", "/etc/shoal/etcd/ca.pem");
+        jail.set_env("SHOAL_COORD_CLUSTER__TLS__CERT_FILE", "/etc/shoal/etcd/c.pem");
+        jail.set_env("SHOAL_COORD_CLUSTER__TLS__KEY_FILE", "/etc/shoal/etcd/k.pem");
+        jail.set_env("SHOAL_SHARD_CLUSTER__TLS__CA_FILE", "/etc/shoal/etcd/ca.pem");
+        let coord: CoordinatorConfig = Figment::from(Serialized::defaults(CoordinatorConfig::default()))
+            .merge(Figment::from(Toml::file(EXAMPLE)).focus("coordinator"))
+            .merge(figment::providers::Env::prefixed("SHOAL_COORD_").split("__"))
+            .extract()?;
+        assert_eq!(coord.cluster.etcd, ["https://10.0.0.5:2379"]);
+        let tls = &coord.cluster.tls;
+        assert_eq!(tls.ca_file.as_deref(), Some(std::path::Path::new("/etc/shoal/etcd/ca.pem")));
+        assert_eq!(tls.cert_file.as_deref(), Some(std::path::Path::new("/etc/shoal/etcd/c.pem")));
+        assert_eq!(tls.key_file.as_deref(), Some(std::path::Path::new("/etc/shoal/etcd/k.pem")));
+        let shard: ShardNodeConfig = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
+            .merge(Figment::from(Toml::file(EXAMPLE)).focus("shard_node"))
+            .merge(figment::providers::Env::prefixed("SHOAL_SHARD_").split("__"))
+            .extract()?;
+        assert_eq!(shard.cluster.tls.ca_file.as_deref(), Some(std::path::Path::new("/etc/shoal/etcd/ca.pem")));
+        assert_eq!(shard.cluster.tls.cert_file, None);
+        Ok(())
+    });
+}
+
 /// Config files are input from outside too: the example damaged anywhere
 /// (bytes flipped, cut, a line duplicated) and random text either load or
 /// are refused with an error, never a panic, for both sections.
