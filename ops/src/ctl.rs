@@ -145,17 +145,55 @@ pub fn print_collection(c: &v1::CollectionInfo) {
             s.disk_bytes as f64 / 1048576.0,
             s.epoch
         );
-        // With copies: every one and its state; an out-of-sync one is what
-        // an operator looks for (UNDER-REPLICATED).
-        // A copy in sync on a node that is down holds every write but
-        // serves nothing until the node is back (or the copy is repaired
-        // elsewhere): the shard is short of it.
-        if s.replicas.len() > 1 || s.replicas.iter().any(|r| r.state != "active") {
-            let list: Vec<String> =
-                s.replicas.iter().map(|r| format!("{} {}{}", r.node, r.state, if r.node_down { " (node DOWN)" } else { "" })).collect();
-            let in_sync = s.replicas.iter().filter(|r| r.state == "active" && !r.node_down).count() as u32;
-            let under = if in_sync < c.replication_factor.max(1) { "  UNDER-REPLICATED" } else { "" };
-            println!("      replicas: {}{under}", list.join(", "));
+        if let Some(line) = replicas_line(s, c.replication_factor) {
+            println!("{line}");
         }
+    }
+}
+
+/// A shard's copies and their states, when there is more than one copy to
+/// show or the shard is short of copies; an out-of-sync one is what an
+/// operator looks for (UNDER-REPLICATED). A copy in sync on a node that is
+/// down holds every write but serves nothing until the node is back (or
+/// the copy is repaired elsewhere): the shard is short of it. So is a
+/// shard of a replicated collection left with one copy (the controller
+/// forgot a dead node's copy and has not started the new one yet): the
+/// runbooks wait for no shard to be short, so that moment must show.
+fn replicas_line(s: &v1::ShardInfo, replication_factor: u32) -> Option<String> {
+    let in_sync = s.replicas.iter().filter(|r| r.state == "active" && !r.node_down).count() as u32;
+    let short = in_sync < replication_factor.max(1);
+    let replicated = replication_factor > 1 || s.replicas.len() > 1;
+    if !(s.replicas.len() > 1 || s.replicas.iter().any(|r| r.state != "active") || (replicated && short)) {
+        return None;
+    }
+    let list: Vec<String> =
+        s.replicas.iter().map(|r| format!("{} {}{}", r.node, r.state, if r.node_down { " (node DOWN)" } else { "" })).collect();
+    Some(format!("      replicas: {}{}", list.join(", "), if short { "  UNDER-REPLICATED" } else { "" }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(node: &str, state: &str, node_down: bool) -> v1::ReplicaInfo {
+        v1::ReplicaInfo { node: node.into(), state: state.into(), node_down }
+    }
+
+    #[test]
+    fn a_replicated_shard_left_with_one_copy_shows_as_under_replicated() {
+        let shard = |replicas| v1::ShardInfo { replicas, ..Default::default() };
+        // One copy left of two: the moment between forgetting a dead
+        // node's copy and starting its replacement.
+        let one = shard(vec![replica("shard-1", "active", false)]);
+        assert_eq!(replicas_line(&one, 2).as_deref(), Some("      replicas: shard-1 active  UNDER-REPLICATED"));
+        // A collection of one copy: nothing to show.
+        assert_eq!(replicas_line(&one, 1), None);
+        assert_eq!(replicas_line(&one, 0), None);
+        let two = shard(vec![replica("shard-1", "active", false), replica("shard-2", "active", false)]);
+        assert_eq!(replicas_line(&two, 2).as_deref(), Some("      replicas: shard-1 active, shard-2 active"));
+        let down = shard(vec![replica("shard-1", "active", false), replica("shard-2", "active", true)]);
+        assert_eq!(replicas_line(&down, 2).as_deref(), Some("      replicas: shard-1 active, shard-2 active (node DOWN)  UNDER-REPLICATED"));
+        let copying = shard(vec![replica("shard-1", "active", false), replica("shard-9", "copying", false)]);
+        assert!(replicas_line(&copying, 2).is_some_and(|l| l.ends_with("UNDER-REPLICATED")));
     }
 }
