@@ -158,14 +158,16 @@ pub fn oversized_is_resource_exhausted<B>(mut resp: tonic::codegen::http::Respon
 /// fail with INVALID_ARGUMENT: tonic answers INTERNAL, which tells the
 /// caller the server is broken rather than its request. Like
 /// [`oversized_is_resource_exhausted`], it sees statuses sent in headers:
-/// unary calls' and the first message of a stream's.
+/// unary calls'. A client stream's messages are decoded as its handler
+/// reads them, after the headers went out; [`crate::RequestStream`] maps
+/// their errors there.
 pub fn undecodable_is_invalid_argument<B>(mut resp: tonic::codegen::http::Response<B>) -> tonic::codegen::http::Response<B> {
     let headers = resp.headers_mut();
     let internal = headers.get("grpc-status").is_some_and(|v| v.as_bytes() == b"13");
     let undecodable = headers
         .get("grpc-message")
         .and_then(|m| m.to_str().ok())
-        .is_some_and(|m| m.replace("%20", " ").starts_with("failed to decode Protobuf message"));
+        .is_some_and(|m| crate::stream::is_undecodable(Code::Internal, &m.replace("%20", " ")));
     if internal && undecodable {
         headers.insert("grpc-status", tonic::codegen::http::HeaderValue::from_static("3"));
     }

@@ -13,9 +13,11 @@ pub mod deadline;
 mod error;
 mod ids;
 pub mod json;
+mod stream;
 
 pub use error::{ErrorCode, RETRY_AFTER_MS, ShoalError, oversized_is_resource_exhausted, undecodable_is_invalid_argument};
 pub use ids::{CollectionName, IdError, NodeId};
+pub use stream::{RequestStream, stream_message_error};
 
 /// The encoded `FileDescriptorSet` of every shoal proto file: served by gRPC
 /// reflection and written out by `shoalctl proto-descriptor` for tools such
