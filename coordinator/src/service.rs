@@ -6,7 +6,6 @@ use std::sync::Arc;
 use futures::Stream;
 use shoal_proto::v1;
 use shoal_proto::v1::shoal_server::Shoal;
-use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
@@ -71,6 +70,22 @@ fn caller<T>(r: &Request<T>) -> Option<std::time::Duration> {
     shoal_proto::deadline::timeout_of(r.metadata())
 }
 
+/// The error reading an Ingest stream's next message ended it with, and
+/// what became of the batches before: the stream reads a batch only after
+/// the previous one's ack, so each was acknowledged (or the stream would
+/// have ended there) and stays; nothing from the failed message on is
+/// applied.
+fn ended_after(status: Status, acked: u64, last: Option<(String, u64)>) -> Status {
+    let before = match last {
+        Some((source, offset)) => {
+            let (n, stay) = if acked == 1 { ("1 batch".to_owned(), "stays") } else { (format!("{acked} batches"), "stay") };
+            format!("the {n} acknowledged before it {stay} (the last: source {source:?}, offset {offset})")
+        }
+        None => "no batch was acknowledged before it".to_owned(),
+    };
+    Status::new(status.code(), format!("{}; {before}; nothing from it on is applied", status.message()))
+}
+
 type AckStream = Pin<Box<dyn Stream<Item = Result<v1::IngestAck, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -108,7 +123,9 @@ impl Shoal for ShoalService {
         // each batch's collection.
         let who = self.auth.authenticate(r.metadata(), "Ingest")?;
         who.has_role(Role::Write, "Ingest")?;
-        let mut batches = r.into_inner();
+        // Its messages' errors name the message and blame the client for
+        // bytes that are not a message.
+        let mut batches = shoal_proto::RequestStream::new(r.into_inner(), "Ingest");
         let cluster = Arc::clone(&self.cluster);
         // One batch at a time per stream, so that a source's batches reach
         // each shard in order (the shard skips offsets at or below its own,
@@ -119,11 +136,13 @@ impl Shoal for ShoalService {
         let stream_span = tracing::Span::current();
         tokio::spawn(async move {
             let mut collection = String::new();
-            while let Some(next) = batches.next().await {
-                let mut batch = match next {
-                    Ok(b) => b,
+            let mut last_ack = None;
+            loop {
+                let mut batch = match batches.message().await {
+                    Ok(Some(b)) => b,
+                    Ok(None) => return,
                     Err(status) => {
-                        let _ = tx.send(Err(status)).await;
+                        let _ = tx.send(Err(ended_after(status, batches.read(), last_ack))).await;
                         return;
                     }
                 };
@@ -145,6 +164,9 @@ impl Shoal for ShoalService {
                     tracing::info_span!("ingest.batch", collection = %batch.collection, source = %batch.source, offset = batch.offset, points = batch.points.len())
                 });
                 let ack = cluster.ingest(batch, left).instrument(span).await.map_err(Status::from);
+                if let Ok(a) = &ack {
+                    last_ack = Some((a.source.clone(), a.offset));
+                }
                 let failed = ack.is_err();
                 if tx.send(ack).await.is_err() || failed {
                     return;

@@ -1,6 +1,7 @@
 //! Hostile input against a running cluster (issue 23): bytes that are not
-//! the message they claim to be, oversized and absurd requests, JSON built
-//! to exhaust a parser, streams whose acks are never read, a flood of
+//! the message they claim to be (alone, or as a later message of a
+//! stream), oversized and absurd requests, JSON built to exhaust a parser,
+//! streams whose acks are never read or read slowly, a flood of
 //! connections. After each, the cluster still serves others, and every
 //! acknowledged point is still there. The table this prints is in
 //! docs/security.md.
@@ -254,4 +255,148 @@ async fn open_many(addr: std::net::SocketAddr, n: usize) -> Vec<tokio::net::TcpS
         }
     }
     out
+}
+
+/// A 2-node cluster with a 1 MiB message limit, collection `docs` (4
+/// dimensions, 2 shards) holding points 0..500, acknowledged.
+async fn hostile_cluster(
+    test: &str,
+) -> (tempfile::TempDir, shoal_ops::embedded::EmbeddedCluster, shoal_proto::v1::shoal_client::ShoalClient<Channel>, rand::rngs::StdRng) {
+    let mut rng = rng(test);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = shoal_ops::embedded::EmbeddedConfig::ephemeral(dir.path(), 2);
+    cfg.engine.build_threads = 2;
+    cfg.coordinator.max_message_bytes = 1 << 20;
+    let cluster = shoal_ops::embedded::EmbeddedCluster::start(cfg).await.unwrap();
+    let mut client = cluster.client().await.unwrap();
+    create(&mut client, "docs", 4, v1::Metric::Cosine, 2).await;
+    ingest(&mut client, vec![batch("docs", "job", 1, points(&mut rng, 4, 0..500))]).await.unwrap();
+    (dir, cluster, client, rng)
+}
+
+/// One gRPC message frame as it goes on the wire: a compressed-flag byte,
+/// the length the frame claims, and the bytes that follow (which need not
+/// be that many).
+fn grpc_frame(flag: u8, len: u32, bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + bytes.len());
+    out.put_u8(flag);
+    out.put_u32(len);
+    out.put_slice(bytes);
+    out
+}
+
+/// A request stream's whole body, framed by hand, sent to `path` as it is;
+/// gives back the answer's messages (unframed) and the call's status (from
+/// the trailers, or from the headers of an answer that has none).
+async fn raw_stream(channel: &Channel, path: &str, body: Vec<u8>) -> (Vec<Vec<u8>>, tonic::Status) {
+    use http_body_util::BodyExt;
+    use tonic::codegen::Service;
+    use tonic::codegen::http;
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::Body::new(http_body_util::Full::new(bytes::Bytes::from(body))))
+        .unwrap();
+    let mut ch = channel.clone();
+    std::future::poll_fn(|cx| ch.poll_ready(cx)).await.unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), ch.call(req)).await.expect("an answer within 10 s").unwrap();
+    let headers = resp.headers().clone();
+    let body = tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect()).await.expect("the answer's end within 10 s");
+    let body = body.unwrap();
+    let trailers = body.trailers().cloned();
+    let mut data = body.to_bytes();
+    let mut messages = Vec::new();
+    while data.len() >= 5 {
+        let _flag = data.get_u8();
+        let len = data.get_u32() as usize;
+        messages.push(data.split_to(len).to_vec());
+    }
+    let status = trailers
+        .as_ref()
+        .and_then(tonic::Status::from_header_map)
+        .or_else(|| tonic::Status::from_header_map(&headers))
+        .expect("a grpc-status in the trailers or the headers");
+    (messages, status)
+}
+
+/// An Ingest stream whose first message is a valid batch and whose next is
+/// not a message (bytes that do not decode, a frame with a flag gRPC does
+/// not have, a frame cut off by the end of the stream, a frame over the
+/// message limit), followed by another valid batch: the answer is the
+/// first batch's ack and then INVALID_ARGUMENT (RESOURCE_EXHAUSTED for the
+/// oversized one) naming the message, as for a unary call (tonic's own
+/// answer is INTERNAL: the server is broken). What was acknowledged stays,
+/// nothing after the bad message is applied, and the cluster serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_message_of_a_stream_that_does_not_decode_is_invalid_argument() {
+    let test = "a_later_message_of_a_stream_that_does_not_decode_is_invalid_argument";
+    let (_dir, cluster, mut client, mut rng) = hostile_cluster(test).await;
+    let channel = Channel::from_shared(cluster.endpoint()).unwrap().connect().await.unwrap();
+    const INGEST: &str = "/shoal.v1.Shoal/Ingest";
+    eprintln!("| input | response | cluster still serving |\n|---|---|---|");
+
+    let cases: Vec<(&str, Vec<u8>, Code)> = vec![
+        ("1 KiB of 0xff", grpc_frame(0, 1024, &[0xff; 1024]), Code::InvalidArgument),
+        ("collection sent as a varint (wrong wire type)", grpc_frame(0, 3, &[0x08, 0x96, 0x01]), Code::InvalidArgument),
+        ("a frame with compressed-flag 7", grpc_frame(7, 3, &[0x08, 0x96, 0x01]), Code::InvalidArgument),
+        ("a frame of 100 bytes cut off after 10 by the end of the stream", grpc_frame(0, 100, &[0x22; 10]), Code::InvalidArgument),
+        ("a frame claiming 2 MiB (over the 1 MiB message limit)", grpc_frame(0, 2 << 20, &[]), Code::ResourceExhausted),
+    ];
+    let mut acked = Vec::new();
+    let mut refused = Vec::new();
+    for (i, (input, bad, want)) in cases.into_iter().enumerate() {
+        let i = i as u64;
+        let source = format!("later-{i}");
+        let first = points(&mut rng, 4, 20_000 + i * 100..20_000 + i * 100 + 10);
+        let third = points(&mut rng, 4, 20_000 + i * 100 + 50..20_000 + i * 100 + 60);
+        let mut body = Vec::new();
+        for (offset, pts) in [(1, &first), (3, &third)] {
+            let msg = batch("docs", &source, offset, pts.clone()).encode_to_vec();
+            body.push(grpc_frame(0, msg.len() as u32, &msg));
+        }
+        // The bad message second, then the third: the stream ends at the
+        // bad one, so the third is never read. A frame cut off by the end
+        // of the stream has to be last.
+        body.insert(1, bad);
+        let body = if input.contains("cut off") { body[..2].concat() } else { body.concat() };
+        let (answers, status) = raw_stream(&channel, INGEST, body).await;
+        let serving = still_serving(&mut client).await;
+        eprintln!(
+            "| {input}, as an Ingest stream's 2nd message | {} ack, then {:?}: {} | {} |",
+            answers.len(),
+            status.code(),
+            status.message(),
+            if serving { "yes" } else { "NO" }
+        );
+        assert_eq!(status.code(), want, "{input}: {status:?}");
+        assert!(status.message().contains("message 2 of the Ingest stream"), "{input}: {status:?}");
+        assert_eq!(answers.len(), 1, "{input}: the first batch's ack, and only it");
+        let ack = v1::IngestAck::decode(&answers[0][..]).unwrap();
+        assert_eq!((ack.offset, ack.status(), ack.upserted), (1, v1::BatchStatus::Applied, 10), "{input}");
+        assert!(serving, "{input}: the cluster stopped serving");
+        acked.extend(first.iter().map(|p| p.id));
+        refused.extend(third.iter().map(|p| p.id));
+    }
+
+    // The first message of a stream too.
+    let (answers, status) = raw_stream(&channel, INGEST, grpc_frame(0, 1024, &[0xff; 1024])).await;
+    eprintln!("| 1 KiB of 0xff, as an Ingest stream's 1st message | {:?}: {} | yes |", status.code(), status.message());
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("message 1 of the Ingest stream"), "{status:?}");
+    assert!(answers.is_empty());
+
+    // Acknowledged batches stay; the batches after the bad messages were
+    // not applied.
+    let got = client.get(v1::GetRequest { collection: "docs".into(), ids: acked.clone(), with_vector: false }).await.unwrap().into_inner();
+    assert!(got.missing.is_empty(), "acknowledged and lost: {:?}", got.missing);
+    let got =
+        client.get(v1::GetRequest { collection: "docs".into(), ids: refused.clone(), with_vector: false }).await.unwrap().into_inner();
+    assert_eq!(got.missing.len(), refused.len(), "a batch after a bad message was applied");
+    let offsets =
+        client.get_offsets(v1::GetOffsetsRequest { collection: "docs".into(), sources: vec![] }).await.unwrap().into_inner().offsets;
+    assert!(offsets.iter().filter(|o| o.source.starts_with("later-")).all(|o| o.offset == 1), "{offsets:?}");
+    assert!(still_serving(&mut client).await);
+    cluster.shutdown().await.unwrap();
 }
