@@ -400,3 +400,177 @@ async fn a_later_message_of_a_stream_that_does_not_decode_is_invalid_argument() 
     assert!(still_serving(&mut client).await);
     cluster.shutdown().await.unwrap();
 }
+
+/// An Ingest stream whose acks are read, but slowly: one every 200 ms for
+/// 3 s, on a connection whose HTTP/2 window lets the node send only 1 KiB
+/// of answers the reader has not taken (acks of 226 bytes: a long source
+/// name), while its sender offers batches of 16 KiB as fast as the node
+/// takes them. HTTP/2 flow control and the stream's own backpressure (one
+/// batch in flight, four acks queued) hold the node: it applies only a few
+/// batches more than were read, and of the rest it holds at most its
+/// receive window (1 MiB) while the sender waits, so what a slow client
+/// costs the node is bounded however long it reads. Meanwhile searches and
+/// an Ingest stream read at full speed are served in time. Then the reader
+/// stops sending and reads the rest at full speed: every ack comes, in
+/// order, and every acknowledged batch is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_of_acks_is_held_by_flow_control_and_others_are_served() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use tokio_stream::StreamExt;
+
+    let test = "a_slow_reader_of_acks_is_held_by_flow_control_and_others_are_served";
+    let (_dir, cluster, mut client, mut rng) = hostile_cluster(test).await;
+    const DIM: usize = 256;
+    const PER_BATCH: u64 = 16;
+    const BATCHES: u64 = 300;
+    const READS: u64 = 15;
+    // The reader's HTTP/2 stream window: answers the node may send it
+    // before it reads them.
+    const WINDOW: u32 = 1 << 10;
+    // Request bytes the node may have received but not decoded: its
+    // receive window per stream (hyper's default, which shoal's listeners
+    // keep: 1 MiB), and one chunk the sender's tonic encodes ahead (32 KiB
+    // and the message that crosses it).
+    const REQUEST_SLACK: usize = (1 << 20) + (64 << 10);
+    create(&mut client, "slow", DIM as u32, v1::Metric::Cosine, 2).await;
+    let source = format!("slow-reader-{}", "s".repeat(200));
+    let ids = |b: u64| 1_000_000 + b * PER_BATCH..1_000_000 + (b + 1) * PER_BATCH;
+    let batches: Vec<v1::IngestRequest> = (1..=BATCHES).map(|b| batch("slow", &source, b, points(&mut rng, DIM, ids(b)))).collect();
+    let batch_len = batches[0].encoded_len() + 5;
+    let ack_len = v1::IngestAck {
+        source: source.clone(),
+        offset: READS,
+        status: v1::BatchStatus::Applied as i32,
+        upserted: PER_BATCH as u32,
+        ..Default::default()
+    }
+    .encoded_len()
+        + 5;
+    // Acks the node may have made and the reader not read: those in the
+    // reader's window and in the frame its client is taking apart (a
+    // window's worth each), the chunk the node's HTTP/2 layer holds while
+    // it waits for the window (at most the queue and one more), the four
+    // queued, one waiting to be queued, one being applied. Batches the node
+    // may have taken beyond those applied: REQUEST_SLACK's worth, one
+    // decoded and one being applied. Asserted with twice those as margin
+    // (a node that ran ahead of its reader would be hundreds ahead).
+    let window_acks = (WINDOW as usize).div_ceil(ack_len) as u64;
+    let acks_ahead = 2 * (2 * window_acks + 5 + 4 + 1 + 1);
+    let batches_ahead = 2 * (REQUEST_SLACK.div_ceil(batch_len) as u64 + 2);
+
+    // The slow reader's sender, which stops when told, and a count of the
+    // batches its client has taken from it.
+    let sent = Arc::new(AtomicU64::new(0));
+    let stop_sending = Arc::new(AtomicBool::new(false));
+    let sender = {
+        let (sent, stop) = (Arc::clone(&sent), Arc::clone(&stop_sending));
+        tokio_stream::iter(batches).take_while(move |_| !stop.load(Ordering::SeqCst)).map(move |b| {
+            sent.fetch_add(1, Ordering::SeqCst);
+            b
+        })
+    };
+    let channel =
+        tonic::transport::Endpoint::from_shared(cluster.endpoint()).unwrap().initial_stream_window_size(WINDOW).connect().await.unwrap();
+    let mut slow = shoal_proto::v1::shoal_client::ShoalClient::new(channel);
+    let mut acks = slow.ingest(sender).await.unwrap().into_inner();
+
+    // The others: searches every 50 ms, and an Ingest stream read at full
+    // speed.
+    let stop = Arc::new(AtomicBool::new(false));
+    let searches = {
+        let (mut c, stop) = (client.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut slowest = Duration::ZERO;
+            let mut served = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let q = v1::SearchRequest { collection: "docs".into(), vector: vec![0.5; 4], k: 3, ..Default::default() };
+                let started = Instant::now();
+                let got = tokio::time::timeout(Duration::from_secs(2), c.search(q)).await;
+                assert!(matches!(&got, Ok(Ok(r)) if r.get_ref().hits.len() == 3), "a search beside the slow reader: {got:?}");
+                slowest = slowest.max(started.elapsed());
+                served += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (served, slowest)
+        })
+    };
+    let brisk: Vec<v1::IngestRequest> =
+        (1..=20u64).map(|o| batch("docs", "brisk", o, points(&mut rng, 4, 30_000 + o * 10..30_000 + o * 10 + 10))).collect();
+    let brisk = {
+        let mut c = client.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let acks = tokio::time::timeout(Duration::from_secs(5), ingest(&mut c, brisk)).await;
+            (acks, started.elapsed())
+        })
+    };
+
+    // One ack every 200 ms.
+    let mut read = Vec::new();
+    for _ in 0..READS {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        read.push(acks.message().await.unwrap().expect("an ack"));
+    }
+    // Time for the node to run as far ahead as it can.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let batches_stored = |client: &mut shoal_proto::v1::shoal_client::ShoalClient<Channel>, batches: std::ops::RangeInclusive<u64>| {
+        let mut client = client.clone();
+        async move {
+            let ask: Vec<u64> = batches.clone().flat_map(ids).collect();
+            let got = client.get(v1::GetRequest { collection: "slow".into(), ids: ask, with_vector: false }).await.unwrap().into_inner();
+            let found: std::collections::HashSet<u64> = got.points.iter().map(|p| p.id).collect();
+            batches.filter(|b| ids(*b).any(|id| found.contains(&id))).collect::<Vec<u64>>()
+        }
+    };
+    let applied = batches_stored(&mut client, 1..=BATCHES).await.into_iter().max().unwrap_or(0);
+    let taken = sent.load(Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
+    let (served, slowest) = searches.await.unwrap();
+    let (brisk_acks, brisk_took) = brisk.await.unwrap();
+    let serving = still_serving(&mut client).await;
+    eprintln!(
+        "| an Ingest stream of {BATCHES} batches of {} KiB whose acks are read one per 200 ms through a {} KiB HTTP/2 window | \
+         held: after {READS} acks read, {applied} batches applied (bound {}), {taken} taken from the sender (bound {}); \
+         {served} searches beside it, the slowest {} ms; an Ingest of 20 batches read at full speed took {} ms | {} |",
+        batch_len >> 10,
+        WINDOW >> 10,
+        READS + acks_ahead,
+        applied + batches_ahead,
+        slowest.as_millis(),
+        brisk_took.as_millis(),
+        if serving { "yes" } else { "NO" }
+    );
+    assert!(applied >= READS, "acknowledged but not stored: {applied} < {READS}");
+    assert!(applied <= READS + acks_ahead, "the node ran {} batches ahead of a reader that read {READS}", applied - READS);
+    assert!(taken <= applied + batches_ahead, "the sender got {} batches past the {applied} applied", taken - applied);
+    assert!(taken < BATCHES, "flow control never held the sender");
+    assert!(served >= 10, "{served} searches in 3.5 s");
+    let brisk_acks = brisk_acks.expect("an Ingest read at full speed did not finish in 5 s").unwrap();
+    assert_eq!(brisk_acks.len(), 20);
+    assert!(serving);
+
+    // The reader stops sending and catches up: the rest of its acks, in
+    // order, and the stream ends cleanly.
+    stop_sending.store(true, Ordering::SeqCst);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), acks.message()).await {
+            Ok(Ok(Some(a))) => read.push(a),
+            Ok(Ok(None)) => break,
+            Ok(Err(e)) => panic!("the slow reader's stream failed: {e:?}"),
+            Err(_) => panic!("no ack in 10 s after {} read", read.len()),
+        }
+    }
+    let sent = sent.load(Ordering::SeqCst);
+    let offsets: Vec<u64> = read.iter().map(|a| a.offset).collect();
+    assert_eq!(offsets, (1..=sent).collect::<Vec<_>>(), "acks missing or out of order");
+    assert!(read.iter().all(|a| a.status() == v1::BatchStatus::Applied && u64::from(a.upserted) == PER_BATCH));
+    // Every acknowledged batch is stored, whole; nothing not sent is.
+    let acked: Vec<u64> = (1..=sent).flat_map(ids).collect();
+    let got = client.get(v1::GetRequest { collection: "slow".into(), ids: acked, with_vector: false }).await.unwrap().into_inner();
+    assert!(got.missing.is_empty(), "acknowledged and lost: {:?}", got.missing);
+    assert!(batches_stored(&mut client, sent + 1..=BATCHES).await.is_empty(), "a batch never sent is stored");
+    assert!(still_serving(&mut client).await);
+    cluster.shutdown().await.unwrap();
+}
