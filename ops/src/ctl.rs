@@ -192,7 +192,10 @@ mod tests {
         let two = shard(vec![replica("shard-1", "active", false), replica("shard-2", "active", false)]);
         assert_eq!(replicas_line(&two, 2).as_deref(), Some("      replicas: shard-1 active, shard-2 active"));
         let down = shard(vec![replica("shard-1", "active", false), replica("shard-2", "active", true)]);
-        assert_eq!(replicas_line(&down, 2).as_deref(), Some("      replicas: shard-1 active, shard-2 active (node DOWN)  UNDER-REPLICATED"));
+        assert_eq!(
+            replicas_line(&down, 2).as_deref(),
+            Some("      replicas: shard-1 active, shard-2 active (node DOWN)  UNDER-REPLICATED")
+        );
         let copying = shard(vec![replica("shard-1", "active", false), replica("shard-9", "copying", false)]);
         assert!(replicas_line(&copying, 2).is_some_and(|l| l.ends_with("UNDER-REPLICATED")));
     }

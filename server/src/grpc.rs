@@ -43,7 +43,14 @@ pub async fn serve(
         router = router.route("/metrics", axum::routing::get(prometheus_text));
     }
     let addr = listener.local_addr()?;
-    cfg.server(addr)?
+    // Told when shutdown begins, so the drain below can be bounded.
+    let (began, mut shutting_down) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = began.send(());
+    };
+    let served = cfg
+        .server(addr)?
         .accept_http1(true)
         .trace_fn(request_span)
         // Outermost: a shed request costs no span, no metric by RPC and no
@@ -53,9 +60,21 @@ pub async fn serve(
         .layer(tower::util::MapResponseLayer::new(shoal_proto::oversized_is_resource_exhausted))
         .layer(tower::util::MapResponseLayer::new(shoal_proto::undecodable_is_invalid_argument))
         .add_routes(Routes::from(router))
-        .serve_with_incoming_shutdown(accept(listener, cfg.limits()), shutdown)
-        .await?;
-    Ok(())
+        .serve_with_incoming_shutdown(accept(listener, cfg.limits()), shutdown);
+    tokio::pin!(served);
+    tokio::select! {
+        r = &mut served => return Ok(r?),
+        Ok(()) = &mut shutting_down => {}
+    }
+    let grace = std::time::Duration::from_millis(cfg.shutdown_grace_ms);
+    match tokio::time::timeout(grace, &mut served).await {
+        Ok(r) => Ok(r?),
+        // Dropping the server closes what is left.
+        Err(_) => {
+            tracing::warn!(%addr, ?grace, "calls still open after the shutdown grace (a client that stopped reading?); closing their connections");
+            Ok(())
+        }
+    }
 }
 
 async fn prometheus_text() -> ([(http::HeaderName, &'static str); 1], String) {

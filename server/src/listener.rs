@@ -43,6 +43,11 @@ pub struct ListenerConfig {
     /// Serve plain text on a non-loopback address: only on a network no
     /// one else can reach.
     pub insecure: bool,
+    /// On shutdown, calls under way get this long to finish; then their
+    /// connections are closed. A client that stopped reading a stream (and
+    /// neither closes nor resets it) would otherwise hold the process up
+    /// for ever.
+    pub shutdown_grace_ms: u64,
 }
 
 impl Default for ListenerConfig {
@@ -58,6 +63,7 @@ impl Default for ListenerConfig {
             max_concurrent_streams: 1_024,
             tls: None,
             insecure: false,
+            shutdown_grace_ms: 10_000,
         }
     }
 }

@@ -574,3 +574,50 @@ async fn a_slow_reader_of_acks_is_held_by_flow_control_and_others_are_served() {
     assert!(still_serving(&mut client).await);
     cluster.shutdown().await.unwrap();
 }
+
+/// A client that stops reading its Ingest acks and neither closes nor
+/// resets the stream used to hold the coordinator's graceful shutdown for
+/// ever (its call never ends). The listener's `shutdown_grace_ms` bounds
+/// the drain: after it the connection is closed and shutdown completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stream_does_not_hold_shutdown_past_the_grace() {
+    use tokio_stream::StreamExt;
+
+    let test = "a_stalled_stream_does_not_hold_shutdown_past_the_grace";
+    let mut rng = rng(test);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = shoal_ops::embedded::EmbeddedConfig::ephemeral(dir.path(), 1);
+    cfg.engine.build_threads = 2;
+    cfg.coordinator.listener.shutdown_grace_ms = 1_000;
+    let cluster = shoal_ops::embedded::EmbeddedCluster::start(cfg).await.unwrap();
+    let mut client = cluster.client().await.unwrap();
+    create(&mut client, "docs", 256, v1::Metric::Cosine, 1).await;
+    // Batches, then a sender that never ends, read through a 1 KiB window
+    // that the acks soon fill: the call stays open, stuck on both sides.
+    let batches: Vec<v1::IngestRequest> =
+        (1..=50u64).map(|b| batch("docs", "stalled", b, points(&mut rng, 256, b * 10..b * 10 + 10))).collect();
+    let sender = tokio_stream::iter(batches).chain(tokio_stream::pending());
+    let channel =
+        tonic::transport::Endpoint::from_shared(cluster.endpoint()).unwrap().initial_stream_window_size(1 << 10).connect().await.unwrap();
+    let mut stalled = shoal_proto::v1::shoal_client::ShoalClient::new(channel);
+    let acks = stalled.ingest(sender).await.unwrap().into_inner();
+    // Some batches applied (the stream is really under way) before the stop.
+    let mut applied = 0;
+    for _ in 0..100 {
+        let got = client.get(v1::GetRequest { collection: "docs".into(), ids: vec![10, 11], with_vector: false }).await.unwrap();
+        applied = got.into_inner().points.len();
+        if applied > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(applied > 0, "the first batch was never applied");
+
+    let started = Instant::now();
+    let done = tokio::time::timeout(Duration::from_secs(10), cluster.shutdown()).await;
+    let took = started.elapsed();
+    assert!(matches!(done, Ok(Ok(()))), "shutdown with a stalled stream open: {done:?} after {took:?}");
+    assert!(took >= Duration::from_millis(900), "the stream was given its grace: {took:?}");
+    eprintln!("shutdown with a stalled Ingest stream open took {took:?} (grace 1 s)");
+    drop((acks, stalled));
+}
