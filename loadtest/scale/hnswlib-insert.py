@@ -4,12 +4,17 @@ bench.py times 1,000 inserts into 10k, 30k and 100k only. This builds an
 hnswlib index of each --sizes N with bench.py's own wrapper (same
 parameters, 10k batches on --threads), then times adding the next 1,000
 rows in one call, as bench.py and `index-bench --incremental-sizes` do.
+With --repeats R it adds R such batches, each into the index the one
+before it left, and reports their median (as `index-bench
+--incremental-repeats R`; the base file needs N + R x 1,000 rows, e.g.
+`make-million.sh --extra 16000`).
 
   $py loadtest/scale/hnswlib-insert.py --base $MILLION/base.fvecs \
       --sizes 100000,1000000 --m 16 --ef-construction 100 --threads 2 --json hnswlib-insert.json
 
 Prints and writes {"lib": "hnswlib", "incremental": [{"base", "added",
-"ms_per_vector", "build_seconds", "build_vectors_per_s"}], "peak_rss_bytes"}.
+"ms_per_vector" (the median), "samples", "build_seconds",
+"build_vectors_per_s"}], "peak_rss_bytes"}.
 """
 import argparse
 import json
@@ -26,6 +31,7 @@ def main():
     ap.add_argument("--base", required=True)
     ap.add_argument("--sizes", default="100000,1000000")
     ap.add_argument("--added", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--metric", default="cosine")
     ap.add_argument("--m", type=int, default=16)
     ap.add_argument("--ef-construction", type=int, default=100)
@@ -41,21 +47,26 @@ def main():
     dim = base.shape[1]
     out = []
     for size in [int(s) for s in a.sizes.split(",")]:
-        if size + a.added > len(base):
-            print(f"skipping {a.added} into {size}: the base file has {len(base)} vectors", file=sys.stderr)
+        need = size + a.added * a.repeats
+        if need > len(base):
+            print(f"skipping {a.repeats} x {a.added} into {size}: the base file has {len(base)} vectors", file=sys.stderr)
             continue
-        ix = bench.Hnswlib(dim, a.metric, a.m, a.ef_construction, a.threads, size + a.added)
+        ix = bench.Hnswlib(dim, a.metric, a.m, a.ef_construction, a.threads, need)
         t0 = time.perf_counter()
         for s in range(0, size, a.batch_size):
             e = min(size, s + a.batch_size)
             ix.add(base[s:e], np.arange(s, e))
         build = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        ix.add(base[size:size + a.added], np.arange(size, size + a.added))
-        ms = (time.perf_counter() - t0) * 1000 / a.added
-        print(f"hnswlib: built {size} in {build:.1f}s ({size / build:.0f}/s); {a.added} into {size}: {ms:.4f} ms/vector",
-              file=sys.stderr, flush=True)
-        out.append({"base": size, "added": a.added, "ms_per_vector": round(ms, 4),
+        samples = []
+        for r in range(a.repeats):
+            s = size + r * a.added
+            t0 = time.perf_counter()
+            ix.add(base[s:s + a.added], np.arange(s, s + a.added))
+            samples.append(round((time.perf_counter() - t0) * 1000 / a.added, 4))
+        ms = float(np.median(samples))
+        print(f"hnswlib: built {size} in {build:.1f}s ({size / build:.0f}/s); {a.added} into {size}: {ms:.4f} ms/vector"
+              f" (median of {a.repeats}: {samples})", file=sys.stderr, flush=True)
+        out.append({"base": size, "added": a.added, "ms_per_vector": round(ms, 4), "samples": samples,
                     "build_seconds": round(build, 3), "build_vectors_per_s": round(size / build, 1)})
         del ix
     res = {"lib": "hnswlib", "params": {"m": a.m, "ef_construction": a.ef_construction, "threads": a.threads,
