@@ -75,16 +75,7 @@ async fn still_serving(client: &mut shoal_proto::v1::shoal_client::ShoalClient<C
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_input_is_refused_precisely_and_the_cluster_serves_on() {
-    let mut rng = rng("hostile_input_is_refused_precisely_and_the_cluster_serves_on");
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = shoal_ops::embedded::EmbeddedConfig::ephemeral(dir.path(), 2);
-    cfg.engine.build_threads = 2;
-    cfg.coordinator.max_message_bytes = 1 << 20;
-    let cluster = shoal_ops::embedded::EmbeddedCluster::start(cfg).await.unwrap();
-    let mut client = cluster.client().await.unwrap();
-    create(&mut client, "docs", 4, v1::Metric::Cosine, 2).await;
-    let acked = points(&mut rng, 4, 0..500);
-    ingest(&mut client, vec![batch("docs", "job", 1, acked.clone())]).await.unwrap();
+    let (_dir, cluster, mut client, mut rng, acked) = hostile_cluster("hostile_input_is_refused_precisely_and_the_cluster_serves_on").await;
     let channel = Channel::from_shared(cluster.endpoint()).unwrap().connect().await.unwrap();
     const SEARCH: &str = "/shoal.v1.Shoal/Search";
     const UPSERT: &str = "/shoal.v1.Shoal/Upsert";
@@ -258,10 +249,17 @@ async fn open_many(addr: std::net::SocketAddr, n: usize) -> Vec<tokio::net::TcpS
 }
 
 /// A 2-node cluster with a 1 MiB message limit, collection `docs` (4
-/// dimensions, 2 shards) holding points 0..500, acknowledged.
+/// dimensions, 2 shards) holding points 0..500, acknowledged (returned
+/// last).
 async fn hostile_cluster(
     test: &str,
-) -> (tempfile::TempDir, shoal_ops::embedded::EmbeddedCluster, shoal_proto::v1::shoal_client::ShoalClient<Channel>, rand::rngs::StdRng) {
+) -> (
+    tempfile::TempDir,
+    shoal_ops::embedded::EmbeddedCluster,
+    shoal_proto::v1::shoal_client::ShoalClient<Channel>,
+    rand::rngs::StdRng,
+    Vec<v1::Point>,
+) {
     let mut rng = rng(test);
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = shoal_ops::embedded::EmbeddedConfig::ephemeral(dir.path(), 2);
@@ -270,8 +268,9 @@ async fn hostile_cluster(
     let cluster = shoal_ops::embedded::EmbeddedCluster::start(cfg).await.unwrap();
     let mut client = cluster.client().await.unwrap();
     create(&mut client, "docs", 4, v1::Metric::Cosine, 2).await;
-    ingest(&mut client, vec![batch("docs", "job", 1, points(&mut rng, 4, 0..500))]).await.unwrap();
-    (dir, cluster, client, rng)
+    let acked = points(&mut rng, 4, 0..500);
+    ingest(&mut client, vec![batch("docs", "job", 1, acked.clone())]).await.unwrap();
+    (dir, cluster, client, rng, acked)
 }
 
 /// One gRPC message frame as it goes on the wire: a compressed-flag byte,
@@ -332,7 +331,7 @@ async fn raw_stream(channel: &Channel, path: &str, body: Vec<u8>) -> (Vec<Vec<u8
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_later_message_of_a_stream_that_does_not_decode_is_invalid_argument() {
     let test = "a_later_message_of_a_stream_that_does_not_decode_is_invalid_argument";
-    let (_dir, cluster, mut client, mut rng) = hostile_cluster(test).await;
+    let (_dir, cluster, mut client, mut rng, _) = hostile_cluster(test).await;
     let channel = Channel::from_shared(cluster.endpoint()).unwrap().connect().await.unwrap();
     const INGEST: &str = "/shoal.v1.Shoal/Ingest";
     eprintln!("| input | response | cluster still serving |\n|---|---|---|");
@@ -421,7 +420,7 @@ async fn a_slow_reader_of_acks_is_held_by_flow_control_and_others_are_served() {
     use tokio_stream::StreamExt;
 
     let test = "a_slow_reader_of_acks_is_held_by_flow_control_and_others_are_served";
-    let (_dir, cluster, mut client, mut rng) = hostile_cluster(test).await;
+    let (_dir, cluster, mut client, mut rng, _) = hostile_cluster(test).await;
     const DIM: usize = 256;
     const PER_BATCH: u64 = 16;
     const BATCHES: u64 = 300;
