@@ -12,7 +12,8 @@
 #      rates (the price of scatter-gather);
 #   5. the cost of telemetry: closed-loop QPS of the 3-shard cluster with
 #      the defaults (Prometheus metrics, no export), with metrics off, and
-#      with traces exported at 1% to a counting OTLP sink, in interleaved
+#      with traces exported at 1% to a counting OTLP sink (with and without
+#      the OTLP metrics push, OTEL_METRICS_EXPORTER=none), in interleaved
 #      rounds (the machine is noisy).
 #
 # Usage: loadtest/cluster-figures.sh [OUT_DIR]   (default bench-out/cluster)
@@ -131,16 +132,19 @@ telemetry_run() { # telemetry_run NAME ROUND: one configuration's closed loop
   nometrics) start_cluster 3 SHOAL_SHARD_TELEMETRY__METRICS=false SHOAL_COORD_TELEMETRY__METRICS=false ;;
   traced) start_cluster 3 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 \
     SHOAL_SHARD_TELEMETRY__SAMPLING_RATIO=0.01 SHOAL_COORD_TELEMETRY__SAMPLING_RATIO=0.01 ;;
+  # Traces only: metrics stay on /metrics, no second OTLP aggregation.
+  tracedonly) start_cluster 3 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 OTEL_METRICS_EXPORTER=none \
+    SHOAL_SHARD_TELEMETRY__SAMPLING_RATIO=0.01 SHOAL_COORD_TELEMETRY__SAMPLING_RATIO=0.01 ;;
   esac
   q "telemetry-$1-$2" --clients 8 --ef "$ef" --duration 15s
   stop_cluster
 }
 # The order turns every round, so that no configuration always runs first
 # or last after a restart.
-configs=(default nometrics traced)
+configs=(default nometrics traced tracedonly)
 for ((round = 1; round <= rounds; round++)); do
-  for ((turn = 0; turn < 3; turn++)); do
-    telemetry_run "${configs[(turn + round - 1) % 3]}" "$round"
+  for ((turn = 0; turn < ${#configs[@]}; turn++)); do
+    telemetry_run "${configs[(turn + round - 1) % ${#configs[@]}]}" "$round"
   done
 done
 kill -INT "$sink" && wait "$sink" || true

@@ -37,6 +37,7 @@ impl Cluster {
                     out.points = v.points;
                     out.tombstones = v.tombstones;
                     out.disk_bytes = v.disk_bytes;
+                    out.reclaimed_bytes = v.reclaimed_bytes;
                 }
                 Err(e) => out.error = e.to_string(),
             }

@@ -91,6 +91,12 @@ pub(crate) struct Args {
     /// Tombstones per vacuum step (`writer.vacuum_step`).
     #[arg(long, default_value_t = 1000)]
     vacuum_step: usize,
+    /// After the vacuum, compact the file when free pages make up at
+    /// least this share of it, as an idle shard node does
+    /// (`engine.compact_free_ratio`; 0: never). The default is the
+    /// engine's.
+    #[arg(long)]
+    compact_free_ratio: Option<f64>,
     /// Keep the churned index directory afterwards (its path is printed),
     /// to look at with `mdb_stat`.
     #[arg(long)]
@@ -236,6 +242,11 @@ pub(crate) fn run(a: Args) -> Result<()> {
     if a.vacuum_step == 0 {
         bail!("--vacuum-step must be at least 1");
     }
+    match a.compact_free_ratio {
+        Some(r) if (0.0..=1.0).contains(&r) => opts.compact_free_ratio = r,
+        Some(r) => bail!("--compact-free-ratio must be in [0, 1], not {r}"),
+        None => {}
+    }
     let root = match &a.dir {
         Some(d) => {
             std::fs::create_dir_all(d)?;
@@ -307,6 +318,15 @@ pub(crate) fn run(a: Args) -> Result<()> {
             }
             entry["vacuumed"] = json!(vacuumed);
             entry["vacuum_seconds"] = json!(round3(t.elapsed().as_secs_f64()));
+            let (reclaimed, seconds) = match index.compact_due()? {
+                true => {
+                    let o = index.compact()?;
+                    (o.bytes_before.saturating_sub(o.bytes_after), o.copy_seconds + o.swap_seconds)
+                }
+                false => (0, 0.0),
+            };
+            entry["compacted_bytes"] = json!(reclaimed);
+            entry["compact_seconds"] = json!(round3(seconds));
         }
         let vectors: Vec<(u64, Vec<f32>)> =
             live.ids.iter().map(|&id| Ok((id, live.recipe[&id].0.vector(&base)?))).collect::<Result<_>>()?;
@@ -319,6 +339,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
         entry["qps"] = json!(round1(m.qps));
         entry["disk_bytes"] = json!(stats.disk_bytes);
         entry["used_bytes"] = json!(stats.used_bytes);
+        entry["free_bytes"] = json!(stats.free_bytes);
+        entry["batch_log_bytes"] = json!(stats.batch_log_bytes);
         if r == a.rounds && r > 0 {
             // The same index in a new process's state (no memo or shared
             // address tables from the rounds): tells the layout's cost on
@@ -343,11 +365,21 @@ pub(crate) fn run(a: Args) -> Result<()> {
             entry["fresh_qps"] = json!(round1(fm.qps));
             entry["fresh_disk_bytes"] = json!(fs.disk_bytes);
             entry["fresh_used_bytes"] = json!(fs.used_bytes);
+            entry["fresh_free_bytes"] = json!(fs.free_bytes);
+            entry["fresh_batch_log_bytes"] = json!(fs.batch_log_bytes);
             entry["fresh_build_seconds"] = json!(round3(build));
             drop(fresh);
             std::fs::remove_dir_all(&dir).ok();
         } else {
-            for f in ["fresh_recall", "fresh_qps", "fresh_disk_bytes", "fresh_used_bytes", "fresh_build_seconds"] {
+            for f in [
+                "fresh_recall",
+                "fresh_qps",
+                "fresh_disk_bytes",
+                "fresh_used_bytes",
+                "fresh_free_bytes",
+                "fresh_batch_log_bytes",
+                "fresh_build_seconds",
+            ] {
                 entry[f] = serde_json::Value::Null;
             }
         }
@@ -373,6 +405,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         "fractions": {"upsert": a.upsert_frac, "delete": a.delete_frac, "insert": a.insert_frac},
         "vacuum_ratio": if vacuum { json!(opts.vacuum_ratio) } else { serde_json::Value::Null },
         "vacuum_step": a.vacuum_step,
+        "compact_free_ratio": opts.compact_free_ratio,
         "rounds": rounds,
     });
     if let Some(p) = &a.json {
@@ -438,7 +471,7 @@ fn print_round(e: &serde_json::Value) {
     let mib = |v: &serde_json::Value| v.as_f64().map_or("-".to_owned(), |b| format!("{:.1}", b / (1 << 20) as f64));
     let f = |v: &serde_json::Value, d: usize| v.as_f64().map_or("-".to_owned(), |x| format!("{x:.d$}"));
     eprintln!(
-        "round {:>2}: live {} tombstones {} (vacuumed now {}) | recall {} (fresh {}) | qps {} (fresh {}) | disk MiB {} used {} (fresh {}) | apply {} ms/op vacuum {} s",
+        "round {:>2}: live {} tombstones {} (vacuumed now {}) | recall {} (fresh {}) | qps {} (fresh {}) | disk MiB {} used {} (fresh {}) | apply {} ms/op vacuum {} s compact {} s",
         e["round"],
         e["live"],
         e["tombstones"],
@@ -452,6 +485,7 @@ fn print_round(e: &serde_json::Value) {
         mib(&e["fresh_disk_bytes"]),
         f(&e["apply_ms_per_op"], 4),
         f(&e["vacuum_seconds"], 1),
+        f(&e["compact_seconds"], 1),
     );
 }
 

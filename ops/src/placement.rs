@@ -73,8 +73,10 @@ pub enum ShardCommand {
         shard: String,
     },
     /// Unlink a shard's tombstones from its graph and reclaim their
-    /// vectors now, on every copy (shards also do it on their own once
-    /// tombstones pass `engine.vacuum_ratio` of the graph).
+    /// vectors now, on every copy, then compact a file whose free pages
+    /// pass `engine.compact_free_ratio` (shards also do both on their own
+    /// once tombstones pass `engine.vacuum_ratio` of the graph, and free
+    /// pages that ratio of the file).
     Vacuum {
         /// `collection/shard`, e.g. `docs/2`, or a collection name: every
         /// shard of it.
@@ -204,14 +206,18 @@ pub async fn shard(endpoint: &str, cmd: ShardCommand) -> anyhow::Result<()> {
                 for v in &r.replicas {
                     if v.error.is_empty() {
                         println!(
-                            "{collection}/{shard} {:<12} vacuumed {:<8} in {} steps; {} still linked; points {} tombstones {} disk {:.1} MiB",
+                            "{collection}/{shard} {:<12} vacuumed {:<8} in {} steps; {} still linked; points {} tombstones {} disk {:.1} MiB{}",
                             v.node,
                             v.vacuumed,
                             v.steps,
                             v.pending,
                             v.points,
                             v.tombstones,
-                            v.disk_bytes as f64 / (1 << 20) as f64
+                            v.disk_bytes as f64 / (1 << 20) as f64,
+                            match v.reclaimed_bytes {
+                                0 => String::new(),
+                                b => format!(" (compacted: {:.1} MiB given back)", b as f64 / (1 << 20) as f64),
+                            }
                         );
                     } else {
                         println!("{collection}/{shard} {:<12} FAILED: {}", v.node, v.error);

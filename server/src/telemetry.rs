@@ -112,6 +112,21 @@ pub fn trace_sampling_ratio() -> Option<f64> {
     TELEMETRY.get().filter(|t| t.tracer.is_some()).map(|t| t.sampling_ratio)
 }
 
+/// Whether the standard `OTEL_METRICS_EXPORTER` / `OTEL_TRACES_EXPORTER`
+/// variable `var` leaves OTLP export on: unset or `otlp` yes, `none` no
+/// (e.g. metrics scraped from `/metrics` only, traces still exported).
+/// Other exporters are not built in: named in `problems`, OTLP stays.
+fn exporter_wanted(var: &str, problems: &mut Vec<String>) -> bool {
+    match std::env::var(var).ok().as_deref().map(str::trim) {
+        None | Some("" | "otlp") => true,
+        Some("none") => false,
+        Some(other) => {
+            problems.push(format!("{var}={other} is not supported (only otlp and none); exporting over OTLP"));
+            true
+        }
+    }
+}
+
 fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let resource = Resource::builder()
@@ -133,7 +148,9 @@ fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
         }
     }
     let mut tracer = None;
-    if let Some(ep) = &endpoint {
+    let export_metrics = exporter_wanted("OTEL_METRICS_EXPORTER", &mut problems);
+    let export_traces = exporter_wanted("OTEL_TRACES_EXPORTER", &mut problems);
+    if let Some(ep) = endpoint.as_ref().filter(|_| export_metrics) {
         let metrics = opentelemetry_otlp::MetricExporter::builder()
             .with_tonic()
             .with_endpoint(ep.clone())
@@ -146,6 +163,8 @@ fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
             }
             Err(e) => problems.push(format!("no OTLP metrics to {ep}: {e}")),
         }
+    }
+    if let Some(ep) = endpoint.as_ref().filter(|_| export_traces) {
         let spans =
             opentelemetry_otlp::SpanExporter::builder().with_tonic().with_endpoint(ep.clone()).with_timeout(Duration::from_secs(3)).build();
         match spans {
@@ -166,7 +185,7 @@ fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
     let meter = meters.build();
     // With nothing to read them (no /metrics, no OTLP) the instruments stay
     // the global no-ops: recording costs nothing.
-    if cfg.metrics || endpoint.is_some() {
+    if cfg.metrics || (endpoint.is_some() && export_metrics) {
         opentelemetry::global::set_meter_provider(meter.clone());
         crate::process_metrics::register(&opentelemetry::global::meter("shoal"));
     }
@@ -198,7 +217,7 @@ fn setup(service: &str, instance: &str, cfg: &TelemetryConfig) -> Telemetry {
         tracing::warn!("telemetry: {p}");
     }
     if let Some(ep) = &endpoint {
-        tracing::info!(endpoint = %ep, sampling = cfg.sampling_ratio, "exporting traces and metrics over OTLP");
+        tracing::info!(endpoint = %ep, sampling = cfg.sampling_ratio, traces = export_traces, metrics = export_metrics, "exporting over OTLP");
     }
     Telemetry { registry, tracer, sampling_ratio: cfg.sampling_ratio.clamp(0.0, 1.0), meter, exporting: endpoint }
 }

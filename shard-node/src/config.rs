@@ -148,6 +148,23 @@ pub struct EngineConfig {
     /// reach before the shard's writer vacuums them while idle (0 < r ≤ 1).
     #[serde(deserialize_with = "ratio")]
     pub vacuum_ratio: f64,
+    /// Share of a shard's data file that free pages (LMDB's, which it
+    /// reuses but never gives back) may reach before the idle writer, or
+    /// `shoalctl shard vacuum`, compacts the file (0 ≤ r ≤ 1; 0: never).
+    #[serde(deserialize_with = "share_or_zero")]
+    pub compact_free_ratio: f64,
+    /// Files smaller than this are never compacted on their own.
+    pub compact_min_bytes: u64,
+}
+
+/// A share from 0 to 1, both included.
+fn share_or_zero<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let r = f64::deserialize(d)?;
+    if r.is_finite() && (0.0..=1.0).contains(&r) {
+        Ok(r)
+    } else {
+        Err(serde::de::Error::custom(format!("a share from 0 to 1 was expected, got {r}")))
+    }
 }
 
 /// A share strictly above 0 and at most 1.
@@ -174,6 +191,8 @@ impl Default for EngineConfig {
             batch_log_max_bytes: d.batch_log.max_bytes,
             reuse_retired: d.reuse_retired,
             vacuum_ratio: d.vacuum_ratio,
+            compact_free_ratio: d.compact_free_ratio,
+            compact_min_bytes: d.compact_min_bytes,
         }
     }
 }
@@ -195,6 +214,8 @@ impl EngineConfig {
         o.batch_log = BatchLogRetention { max_batches: self.batch_log_max_batches, max_bytes: self.batch_log_max_bytes };
         o.reuse_retired = self.reuse_retired;
         o.vacuum_ratio = self.vacuum_ratio;
+        o.compact_free_ratio = self.compact_free_ratio;
+        o.compact_min_bytes = self.compact_min_bytes;
         o
     }
 }

@@ -90,7 +90,7 @@ pub(crate) fn engine_error(e: EngineError) -> ShoalError {
         | EngineError::LogGap { .. }
         | EngineError::LogTruncated { .. }
         | EngineError::LogAhead { .. } => ErrorCode::FailedPrecondition,
-        EngineError::ResizeBlocked { .. } => {
+        EngineError::ResizeBlocked { .. } | EngineError::CompactBlocked { .. } => {
             return ShoalError::unavailable(e.to_string(), std::time::Duration::from_secs(1));
         }
         EngineError::MapSizeLimit { .. }

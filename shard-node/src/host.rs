@@ -531,7 +531,23 @@ impl ShardHost {
             }
         }
         let index = Arc::clone(&self.get(&key)?.index);
-        let stats = blocking(move || index.stats().map_err(engine_error)).await?;
+        // The steps freed pages; give them back if enough are free. Batches
+        // wait for the copy (the engine's writer lock), searches only for
+        // the swap.
+        let labels = crate::metrics::labels(&key);
+        let (stats, reclaimed) = blocking(move || {
+            let reclaimed = match index.compact_due().map_err(engine_error)? {
+                true => {
+                    let o = index.compact().map_err(engine_error)?;
+                    crate::metrics::record_compaction(&labels, &o);
+                    o.bytes_before.saturating_sub(o.bytes_after)
+                }
+                false => 0,
+            };
+            Ok((index.stats().map_err(engine_error)?, reclaimed))
+        })
+        .await
+        .map_err(shard_error(&key))?;
         Ok(v1::ShardVacuum {
             shard: Some(v1::ShardId { collection: key.0.to_string(), shard: key.1 }),
             vacuumed,
@@ -541,6 +557,7 @@ impl ShardHost {
             tombstones: stats.tombstones,
             disk_bytes: stats.disk_bytes,
             used_bytes: stats.used_bytes,
+            reclaimed_bytes: reclaimed,
         })
     }
 

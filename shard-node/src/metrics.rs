@@ -33,6 +33,10 @@ pub(crate) struct NodeMetrics {
     /// Bytes of data files snapshotted or restored, and how long it took.
     pub(crate) snapshot_bytes: Counter<u64>,
     pub(crate) snapshot_duration: Histogram<f64>,
+    /// Bytes compactions gave back to the disk, and how long batches
+    /// waited for each (the copy; searches wait only for the swap).
+    pub(crate) compacted_bytes: Counter<u64>,
+    pub(crate) compact_duration: Histogram<f64>,
 }
 
 /// The labels of a shard.
@@ -66,12 +70,25 @@ pub(crate) fn get() -> &'static NodeMetrics {
                 .with_description("Bytes of data files snapshotted or restored, by operation")
                 .build(),
             snapshot_duration: seconds("shoal.snapshot.duration", "A shard's snapshot or restore, by operation"),
+            compacted_bytes: m
+                .u64_counter("shoal.shard.compacted")
+                .with_unit("By")
+                .with_description("Bytes of free pages a shard's compactions gave back to the disk")
+                .build(),
+            compact_duration: seconds("shoal.shard.compact.duration", "A shard's compaction: the copy, then the swap"),
         }
     })
 }
 
 fn meter() -> Meter {
     opentelemetry::global::meter("shoal-shard-node")
+}
+
+/// A finished compaction of the shard labelled `labels`.
+pub(crate) fn record_compaction(labels: &[KeyValue; 2], o: &shoal_engine::CompactOutcome) {
+    let m = get();
+    m.compacted_bytes.add(o.bytes_before.saturating_sub(o.bytes_after), labels);
+    m.compact_duration.record(o.copy_seconds + o.swap_seconds, labels);
 }
 
 /// Hosts whose shards the gauges report (an embedded cluster runs several
@@ -93,6 +110,7 @@ struct ShardReading {
     disk_bytes: u64,
     map_bytes: u64,
     used_bytes: u64,
+    free_bytes: u64,
     queue_depth: u64,
     epoch: u64,
     last_seq: u64,
@@ -120,6 +138,7 @@ fn with_reading(f: impl FnOnce(&[ShardReading])) {
                         disk_bytes: s.disk_bytes,
                         map_bytes: s.map_size,
                         used_bytes: s.used_bytes,
+                        free_bytes: s.free_bytes,
                         queue_depth: shard.queue_depth() as u64,
                         epoch: s.epoch,
                         last_seq: s.last_seq,
@@ -147,7 +166,7 @@ pub(crate) fn watch(host: &Arc<ShardHost>) {
 fn register_gauges() {
     let m = meter();
     type Field = fn(&ShardReading) -> u64;
-    let gauges: [(&'static str, &'static str, &'static str, Field); 11] = [
+    let gauges: [(&'static str, &'static str, &'static str, Field); 12] = [
         ("shoal.shard.points", "", "Live points of a shard", |r| r.points),
         ("shoal.shard.tombstones", "", "Deleted or replaced points whose slots wait for new points", |r| r.tombstones),
         ("shoal.shard.tombstones.vacuumed", "", "Tombstones the vacuum has unlinked from the graph (part of the tombstones)", |r| {
@@ -161,6 +180,12 @@ fn register_gauges() {
             "By",
             "Bytes of a shard's map up to its last written page; map minus used is the room before the map grows",
             |r| r.used_bytes,
+        ),
+        (
+            "shoal.shard.lmdb.free",
+            "By",
+            "Bytes of a shard's data file no table holds (LMDB's free pages): what a compaction gives back",
+            |r| r.free_bytes,
         ),
         ("shoal.shard.queue.depth", "", "Batch parts waiting for a shard's writer", |r| r.queue_depth),
         ("shoal.shard.epoch", "", "A shard's epoch: writes carrying a lower one are refused", |r| r.epoch),

@@ -146,6 +146,8 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
     let m = metrics::get();
     // A log job found while gathering a group: it runs right after it.
     let mut held: Option<Job> = None;
+    // After a failed compaction, when to try again.
+    let mut compact_after: Option<Instant> = None;
     loop {
         let first = match held.take() {
             Some(job) => job,
@@ -157,6 +159,11 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
                     // (writes that came meanwhile go first).
                     if opts.vacuum_step > 0 && idle_vacuum(&index, opts.vacuum_step, &labels).await {
                         continue;
+                    }
+                    // Then give free pages back if enough are (a write that
+                    // comes meanwhile waits for the copy).
+                    if compact_after.is_none_or(|t| Instant::now() >= t) {
+                        compact_after = idle_compact(&index, &labels).await;
                     }
                     match rx.recv().await {
                         Some(job) => job,
@@ -253,6 +260,33 @@ async fn idle_vacuum(index: &Arc<Index>, step: usize, labels: &[KeyValue; 2]) ->
             false
         }
     }
+}
+
+/// Compacts the shard's file if its free pages are due for it. A failure
+/// (a snapshot's copy held its read transaction past `resize_wait`) is
+/// logged and the next try waits a minute; returns when that is.
+async fn idle_compact(index: &Arc<Index>, labels: &[KeyValue; 2]) -> Option<Instant> {
+    let index = Arc::clone(index);
+    let span = tracing::info_span!("compact");
+    let result = tokio::task::spawn_blocking(move || {
+        let _in = span.enter();
+        if !index.compact_due()? {
+            return Ok(None);
+        }
+        index.compact().map(Some)
+    })
+    .await;
+    let failed = match result {
+        Ok(Ok(Some(o))) => {
+            metrics::record_compaction(labels, &o);
+            return None;
+        }
+        Ok(Ok(None)) => return None,
+        Ok(Err(e)) => e.to_string(),
+        Err(join) => join.to_string(),
+    };
+    tracing::warn!(error = %failed, "compaction failed; trying again in a minute");
+    Some(Instant::now() + std::time::Duration::from_secs(60))
 }
 
 /// Commits one group: writes together, or one log job alone. The outer

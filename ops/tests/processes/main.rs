@@ -58,6 +58,10 @@ fn main() -> ExitCode {
         ),
         trial("one_search_is_one_otlp_trace_with_a_span_per_shard", telemetry::one_search_is_one_otlp_trace_with_a_span_per_shard),
         trial(
+            "otel_metrics_exporter_none_stops_the_otlp_metrics_push_only",
+            telemetry::otel_metrics_exporter_none_stops_the_otlp_metrics_push_only,
+        ),
+        trial(
             "sampled_searches_are_whole_traces_and_the_others_leave_no_span",
             telemetry::sampled_searches_are_whole_traces_and_the_others_leave_no_span,
         ),

@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{MetricsService, MetricsServiceServer};
+use opentelemetry_proto::tonic::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
@@ -25,9 +27,32 @@ struct Received {
     attributes: BTreeMap<String, String>,
 }
 
-/// An OTLP/gRPC trace collector that keeps what it is sent.
+/// An OTLP/gRPC collector that keeps the spans it is sent, and the
+/// services that pushed metrics to it.
 #[derive(Clone, Default)]
-struct Collector(Arc<Mutex<Vec<Received>>>);
+struct Collector(Arc<Mutex<Vec<Received>>>, Arc<Mutex<BTreeSet<String>>>);
+
+#[tonic::async_trait]
+impl MetricsService for Collector {
+    async fn export(
+        &self,
+        r: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        let mut got = self.1.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for rm in r.into_inner().resource_metrics {
+            let service = rm
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|kv| kv.key == "service.name")
+                .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+                .map(text)
+                .unwrap_or_default();
+            got.insert(service);
+        }
+        Ok(tonic::Response::new(ExportMetricsServiceResponse { partial_success: None }))
+    }
+}
 
 #[tonic::async_trait]
 impl TraceService for Collector {
@@ -73,9 +98,13 @@ async fn start_collector() -> anyhow::Result<(SocketAddr, Collector)> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let collector = Collector::default();
-    let svc = TraceServiceServer::new(collector.clone());
+    let traces = TraceServiceServer::new(collector.clone());
+    let metrics = MetricsServiceServer::new(collector.clone());
     tokio::spawn(
-        tonic::transport::Server::builder().add_service(svc).serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        tonic::transport::Server::builder()
+            .add_service(traces)
+            .add_service(metrics)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     Ok((addr, collector))
 }
@@ -142,6 +171,51 @@ pub(crate) fn one_search_is_one_otlp_trace_with_a_span_per_shard() -> anyhow::Re
         check!(fx, merges == 1, "{merges} merge spans");
         let rpc_on_nodes = spans.iter().filter(|s| s.service == "shoal-shard-node" && s.name == "/shoal.v1.ShardNode/SearchShard").count();
         check!(fx, rpc_on_nodes == 3, "{rpc_on_nodes} SearchShard server spans: {spans:#?}");
+        Ok(())
+    })
+}
+
+/// `OTEL_METRICS_EXPORTER=none` on the shard node: its traces still reach
+/// the collector but its metrics do not, while the coordinator (variable
+/// unset) pushes both; `/metrics` is served either way.
+pub(crate) fn otel_metrics_exporter_none_stops_the_otlp_metrics_push_only() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (addr, collector) = rt.block_on(start_collector())?;
+    let endpoint = format!("http://{addr}");
+    let fx = Fixture::start(1, |spec| {
+        for (env, interval) in [
+            (&mut spec.node_env, "SHOAL_SHARD_TELEMETRY__METRICS_EXPORT_INTERVAL_MS"),
+            (&mut spec.coordinator_env, "SHOAL_COORD_TELEMETRY__METRICS_EXPORT_INTERVAL_MS"),
+        ] {
+            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), endpoint.clone()));
+            env.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()));
+            env.push((interval.into(), "200".into()));
+        }
+        spec.node_env.push(("OTEL_METRICS_EXPORTER".into(), "none".into()));
+    })?;
+    rt.block_on(async {
+        let mut client = fx.client().await?;
+        let mut rng = rng("otel_metrics_exporter_none_stops_the_otlp_metrics_push_only");
+        create(&mut client, "docs", 16, 1).await?;
+        upsert_all(&mut client, "docs", points(&mut rng, 16, 0..100), 100).await?;
+        client.search(v1::SearchRequest { collection: "docs".into(), vector: vector(&mut rng, 16), k: 5, ..Default::default() }).await?;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let traced: BTreeSet<String> =
+                collector.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().map(|s| s.service.clone()).collect();
+            let pushed = collector.1.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            if traced.contains("shoal-shard-node") && pushed.contains("shoal-coordinator") {
+                break;
+            }
+            check!(fx, Instant::now() < deadline, "spans from {traced:?}, metrics from {pushed:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Several of its 200 ms push intervals more.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let pushed = collector.1.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        check!(fx, !pushed.contains("shoal-shard-node"), "the shard node pushed metrics with OTEL_METRICS_EXPORTER=none: {pushed:?}");
+        let text = scrape(fx.cluster.nodes[0].addr).await?;
+        check!(fx, sample(&text, "shoal_shard_points", &[r#"collection="docs""#]) == 100.0, "the node's /metrics:\n{text}");
         Ok(())
     })
 }

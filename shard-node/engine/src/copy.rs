@@ -65,13 +65,18 @@ impl Index {
     /// An error from `out` stops the copy and is returned as
     /// [`Error::Io`].
     pub fn copy_to<W: Write + ?Sized>(&self, mode: CopyMode, out: &mut W) -> Result<CopyInfo> {
-        let store = &self.store;
-        let io = |source: std::io::Error| Error::Io { path: store.path.join("data.mdb"), source };
+        let io = |source: std::io::Error| Error::Io { path: self.path().join("data.mdb"), source };
         let (reader, writer) = pipe().map_err(io)?;
         let mut reader = std::fs::File::from(reader);
+        // Counted before it waits for any lock: a compaction that holds
+        // the writer lock and waits for read transactions to end gives up
+        // when it sees a copy waiting (see `Index::compact`).
+        let _copying = Copying::new(&self.copies);
         // Held for the whole copy: remapping under the copy's read
-        // transaction would leave it reading unmapped memory.
+        // transaction would leave it reading unmapped memory, and a
+        // compaction would replace the store.
         let _no_resize = self.resize.read();
+        let store = &self.store;
         let option = match mode {
             CopyMode::Plain => CompactionOption::Disabled,
             CopyMode::Compact => CompactionOption::Enabled,
@@ -133,8 +138,25 @@ impl Index {
     /// Size in bytes of a [`CopyMode::Plain`] copy of the last commit: the
     /// used part of the data file. Useful to report progress.
     pub fn used_bytes(&self) -> Result<u64> {
+        let _shared = self.resize.read();
         let info = self.store.env.info();
         Ok((info.last_page_number as u64 + 1) * u64::from(self.store.page_size()))
+    }
+}
+
+/// Counts a copy in progress for as long as it lives.
+struct Copying<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Copying<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Copying(count)
+    }
+}
+
+impl Drop for Copying<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 

@@ -69,6 +69,16 @@ pub enum Error {
         waited: std::time::Duration,
     },
 
+    /// A compaction waited for read transactions (a snapshot's copy, a
+    /// long search) longer than `resize_wait`; nothing changed. Retry.
+    #[error("index at {path} could not be compacted: read transactions stayed open for {waited:?}; retry later")]
+    CompactBlocked {
+        /// Directory of the environment.
+        path: PathBuf,
+        /// How long the compaction waited.
+        waited: std::time::Duration,
+    },
+
     /// The device is full; nothing was written (a batch was not committed,
     /// an index being created was not left behind).
     #[error("no space left on the device holding {path}; nothing was changed: free space, then retry")]

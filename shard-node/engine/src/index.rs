@@ -14,14 +14,16 @@ use crate::error::{Error, Result};
 use crate::links_log::{LogIndex, LogVersions};
 use crate::params::IndexParams;
 use crate::session::{self, Session};
-use crate::store::{self, Store, StoreOptions};
+use crate::store::{self, Store, StoreCell, StoreOptions};
 use crate::table::Retired;
 
+mod compact;
 mod options;
 mod reader;
 mod vacuum;
 mod writer;
 
+pub use compact::CompactOutcome;
 pub use options::{IndexOptions, LinkLog, Rescore};
 pub use reader::{IndexStats, Snapshot};
 pub use vacuum::VacuumOutcome;
@@ -32,7 +34,11 @@ pub use vacuum::VacuumOutcome;
 /// [`Index::apply_group`] call is one atomic commit. Searches run from any
 /// number of threads on committed snapshots and never wait for writers.
 pub struct Index {
-    pub(crate) store: Store,
+    /// Replaced only by a compaction (see `StoreCell` for the rules).
+    pub(crate) store: StoreCell,
+    /// The environment's directory; outside the store so that it can be
+    /// read without the locks the store asks for.
+    path: PathBuf,
     pub(crate) params: IndexParams,
     opts: IndexOptions,
     pool: Option<Arc<rayon::ThreadPool>>,
@@ -52,11 +58,26 @@ pub struct Index {
     /// True from the moment tombstones pass `vacuum_ratio` until a vacuum
     /// has caught up with them (`Index::vacuum_due`).
     pub(crate) vacuum_running: std::sync::atomic::AtomicBool,
+    /// Copies (`copy_to`, snapshots) streaming now: each holds a read
+    /// transaction for its whole length, so a compaction does not start
+    /// meanwhile (it would hold the writer lock while waiting for them).
+    pub(crate) copies: std::sync::atomic::AtomicUsize,
     /// The link log's index per epoch a reader may pair with.
     log: LogVersions,
     /// The environment's page size: the least a log value takes, so that
     /// it lives in overflow pages no later commit rewrites.
     page_size: usize,
+}
+
+/// How the index's environment is opened.
+fn store_options(opts: &IndexOptions) -> StoreOptions {
+    StoreOptions {
+        initial_map_size: opts.initial_map_size,
+        max_map_size: opts.max_map_size,
+        max_readers: opts.max_readers,
+        durable: opts.durable,
+        read_ahead: opts.read_ahead,
+    }
 }
 
 /// What [`Index::open`] does when the directory holds no index.
@@ -101,16 +122,8 @@ impl Index {
     }
 
     fn open_store(path: &Path, missing: Missing, opts: IndexOptions) -> Result<Index> {
-        let store = Store::open(
-            path,
-            &StoreOptions {
-                initial_map_size: opts.initial_map_size,
-                max_map_size: opts.max_map_size,
-                max_readers: opts.max_readers,
-                durable: opts.durable,
-                read_ahead: opts.read_ahead,
-            },
-        )?;
+        compact::clean_up(path)?;
+        let store = Store::open(path, &store_options(&opts))?;
         let params = Self::load_or_init_params(&store, missing)?;
         list_retired_ids(&store)?;
         crate::batch_log::split_whole_entries(&store)?;
@@ -139,7 +152,8 @@ impl Index {
             LogVersions::new(state.log_epoch, LogIndex::load(&store, &txn, list_bytes, state.next_id)?)
         };
         Ok(Index {
-            store,
+            store: StoreCell::new(store),
+            path: path.to_owned(),
             params,
             opts,
             pool,
@@ -149,6 +163,7 @@ impl Index {
             generation: AtomicU64::new(0),
             moved: AtomicU64::new(0),
             vacuum_running: std::sync::atomic::AtomicBool::new(false),
+            copies: std::sync::atomic::AtomicUsize::new(0),
             log,
             page_size: page,
         })
@@ -209,7 +224,7 @@ impl Index {
 
     /// Directory of the environment.
     pub fn path(&self) -> &Path {
-        &self.store.path
+        &self.path
     }
 }
 

@@ -93,7 +93,7 @@ pub(crate) struct Session {
     /// This transaction's tombstones, read by the first search that needs
     /// them (`Some(None)`: the retired table disagreed, records answer).
     tombstones: Option<Option<TombstoneSet>>,
-    txn: RoTxn<'static, WithoutTls>,
+    pub(crate) txn: RoTxn<'static, WithoutTls>,
 }
 
 impl Session {

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use heed::types::Bytes;
-use heed::{CommitOrAbort, Env, EnvFlags, EnvOpenOptions, WithoutTls};
+use heed::{CommitOrAbort, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
 
 use crate::error::{Error, Result};
 use crate::table::{Block, Epoch, ExternalId, InternalId, LevelId, LogPart, MalformedKey, Name, RetiredKey, Table};
@@ -193,6 +193,82 @@ impl Store {
     /// Pages LMDB freed below it (its free list) count as used.
     pub(crate) fn used_bytes(&self) -> u64 {
         (self.env.info().last_page_number as u64 + 1) * u64::from(self.page_size())
+    }
+
+    /// Bytes of the file no table holds as of `txn`: LMDB's free pages
+    /// (which later commits reuse but the file never gives back) and the
+    /// part past the last used page. Read from LMDB's per-table page
+    /// counts, nothing is scanned. The free list's own pages and the main
+    /// table (one page for a dozen names) count as free: a few pages.
+    pub(crate) fn free_bytes(&self, txn: &RoTxn<'_, WithoutTls>) -> Result<u64> {
+        let d = &self.dbs;
+        let counts = [
+            d.meta.pages(txn),
+            d.vectors.pages(txn),
+            d.codes.pages(txn),
+            d.links0.pages(txn),
+            d.links0_log.pages(txn),
+            d.links_up.pages(txn),
+            d.nodes.pages(txn),
+            d.external.pages(txn),
+            d.payloads.pages(txn),
+            d.offsets.pages(txn),
+            d.batch_log.pages(txn),
+            d.retired.pages(txn),
+        ];
+        let mut held = 2; // the two meta pages
+        for c in counts {
+            held += c.map_err(|e| self.err(e))?;
+        }
+        Ok(self.disk_bytes().saturating_sub(held * self.page))
+    }
+}
+
+/// The environment an [`crate::Index`] works on, which a compaction
+/// (`Index::compact`) replaces while the index stays in use.
+///
+/// A plain field cannot be replaced through `&Index`, and a lock or an
+/// `ArcSwap` around it would touch every read path (transactions borrow
+/// the environment) for an event that happens once in hours. Instead the
+/// replacement happens only under the two locks every user of the store
+/// already holds one of: the index's writer lock (writes, vacuum, copies'
+/// start) and its `resize` lock (every read transaction, the same lock
+/// the map's growth takes exclusively for the same reason: no transaction
+/// may be open). Code that reaches the store must hold one of them; the
+/// index keeps its own copy of the path for the rest.
+pub(crate) struct StoreCell(std::cell::UnsafeCell<Store>);
+
+// SAFETY: `Store` is Send and Sync (an LMDB environment handle opened
+// without thread-local read transactions, plain data); the only mutation,
+// `replace`, is exclusive by its contract.
+unsafe impl Sync for StoreCell {}
+
+impl StoreCell {
+    pub(crate) fn new(store: Store) -> Self {
+        StoreCell(std::cell::UnsafeCell::new(store))
+    }
+
+    /// Puts `store` in place of the current one and hands the old one
+    /// back (dropping it closes its environment).
+    ///
+    /// # Safety
+    /// No reference into the current store may be alive on any thread:
+    /// the caller holds the index's writer lock and its `resize` lock
+    /// exclusively, and every idle session (which holds a read
+    /// transaction, hence the environment) has been dropped.
+    pub(crate) unsafe fn replace(&self, store: Store) -> Store {
+        // SAFETY: exclusive access, by the contract above.
+        unsafe { std::mem::replace(&mut *self.0.get(), store) }
+    }
+}
+
+impl std::ops::Deref for StoreCell {
+    type Target = Store;
+
+    fn deref(&self) -> &Store {
+        // SAFETY: shared access; `replace` runs only when no reference is
+        // alive (see the type's documentation).
+        unsafe { &*self.0.get() }
     }
 }
 

@@ -272,6 +272,13 @@ impl<K: TableKey> Table<K> {
         self.db.len(txn)
     }
 
+    /// Pages the table's B-tree holds (branch, leaf and overflow); LMDB
+    /// keeps the counts, nothing is scanned.
+    pub(crate) fn pages(self, txn: &RoTxn) -> heed::Result<u64> {
+        let s = self.db.stat(txn)?;
+        Ok((s.branch_pages + s.leaf_pages + s.overflow_pages) as u64)
+    }
+
     pub(crate) fn clear(self, txn: &mut RwTxn) -> heed::Result<()> {
         self.db.clear(txn)
     }

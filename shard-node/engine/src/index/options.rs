@@ -36,6 +36,14 @@ pub struct IndexOptions {
     /// reach before [`crate::Index::vacuum_due`] says so (the shard node
     /// then vacuums whenever its writer is idle). Default: 0.05.
     pub vacuum_ratio: f64,
+    /// Share of `data.mdb` that pages no table holds (LMDB's free list,
+    /// which it reuses but never gives back) may reach before
+    /// [`crate::Index::compact_due`] says so; the shard node then compacts
+    /// when its writer is idle. 0: never on its own. Default 0.2.
+    pub compact_free_ratio: f64,
+    /// Files below this size are never compacted on their own: the copy
+    /// would cost more than the space is worth. Default 64 MiB.
+    pub compact_min_bytes: u64,
     /// Let the kernel read ahead around page faults. Default false: graph
     /// searches read scattered pages, and readahead fills the page cache with
     /// pages nobody asked for (see `docs/engine.md`).
@@ -161,6 +169,8 @@ impl Default for IndexOptions {
             durable: true,
             reuse_retired: true,
             vacuum_ratio: 0.05,
+            compact_free_ratio: 0.2,
+            compact_min_bytes: 64 << 20,
             read_ahead: false,
             max_payload_bytes: 64 << 10,
             max_readers: 512,

@@ -53,6 +53,9 @@ pub struct IndexStats {
     pub batch_log_entries: u64,
     /// Bytes of the batch log's entries.
     pub batch_log_bytes: u64,
+    /// Bytes of `data.mdb` no table holds (LMDB's free pages): what
+    /// [`Index::compact`](crate::Index::compact) would give back.
+    pub free_bytes: u64,
 }
 
 impl Index {
@@ -139,6 +142,7 @@ impl Index {
             batch_log_first_seq: s.log_first_seq,
             batch_log_entries: s.log_entries(),
             batch_log_bytes: s.log_bytes,
+            free_bytes: self.store.free_bytes(&snap.session.txn)?,
         })
     }
 

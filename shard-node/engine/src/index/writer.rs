@@ -128,7 +128,7 @@ impl Index {
     }
 
     fn mixed_up(&self) -> Error {
-        Error::Corrupt { path: self.store.path.clone(), detail: "a write's outcome is of another kind (a bug)".into() }
+        Error::Corrupt { path: self.path.clone(), detail: "a write's outcome is of another kind (a bug)".into() }
     }
 
     /// One item in its own transaction; its refusal is the error.
@@ -810,7 +810,7 @@ impl Index {
                             None => *values[slot].insert(links_log::Value::read(&self.store, wtxn, fold, slot, list_len)?),
                         };
                         let list = value.list(record).ok_or_else(|| Error::Corrupt {
-                            path: self.store.path.clone(),
+                            path: self.path.clone(),
                             detail: format!("link log record {record} of node {id} is past its value"),
                         })?;
                         bytes.extend_from_slice(list);
@@ -832,7 +832,7 @@ impl Index {
                     // outside it.
                     Some(old) if exists && old.len() != block_len => {
                         return Err(Attempt::Failed(Error::Corrupt {
-                            path: self.store.path.clone(),
+                            path: self.path.clone(),
                             detail: format!("link block {block} has {} bytes, expected {block_len}", old.len()),
                         }));
                     }
@@ -871,7 +871,7 @@ impl Index {
                 break guard;
             }
             if std::time::Instant::now() >= deadline {
-                return Err(Error::ResizeBlocked { path: self.store.path.clone(), waited: self.opts.resize_wait });
+                return Err(Error::ResizeBlocked { path: self.path.clone(), waited: self.opts.resize_wait });
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(20));
@@ -932,6 +932,7 @@ impl From<Error> for Attempt {
             | Error::UnsupportedFormat { .. }
             | Error::MapSizeLimit { .. }
             | Error::ResizeBlocked { .. }
+            | Error::CompactBlocked { .. }
             | Error::DiskFull { .. }
             | Error::OpenFileLimit { .. }
             | Error::Stopped { .. }

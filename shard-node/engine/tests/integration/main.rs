@@ -6,6 +6,7 @@ mod batch_log;
 mod churn;
 mod cold_pages;
 mod common;
+mod compact;
 mod concurrency;
 mod copy;
 mod corruption;
