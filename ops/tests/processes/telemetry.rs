@@ -40,15 +40,7 @@ impl MetricsService for Collector {
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
         let mut got = self.1.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for rm in r.into_inner().resource_metrics {
-            let service = rm
-                .resource
-                .iter()
-                .flat_map(|r| &r.attributes)
-                .find(|kv| kv.key == "service.name")
-                .and_then(|kv| kv.value.as_ref()?.value.as_ref())
-                .map(text)
-                .unwrap_or_default();
-            got.insert(service);
+            got.insert(service_name(rm.resource.as_ref()));
         }
         Ok(tonic::Response::new(ExportMetricsServiceResponse { partial_success: None }))
     }
@@ -62,14 +54,7 @@ impl TraceService for Collector {
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         let mut got = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for rs in r.into_inner().resource_spans {
-            let service = rs
-                .resource
-                .iter()
-                .flat_map(|r| &r.attributes)
-                .find(|kv| kv.key == "service.name")
-                .and_then(|kv| kv.value.as_ref()?.value.as_ref())
-                .map(text)
-                .unwrap_or_default();
+            let service = service_name(rs.resource.as_ref());
             for ss in rs.scope_spans {
                 for s in ss.spans {
                     let attributes =
@@ -80,6 +65,17 @@ impl TraceService for Collector {
         }
         Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
     }
+}
+
+/// The `service.name` of an OTLP resource ("" if none).
+fn service_name(resource: Option<&opentelemetry_proto::tonic::resource::v1::Resource>) -> String {
+    resource
+        .iter()
+        .flat_map(|r| &r.attributes)
+        .find(|kv| kv.key == "service.name")
+        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+        .map(text)
+        .unwrap_or_default()
 }
 
 fn text(v: &Value) -> String {

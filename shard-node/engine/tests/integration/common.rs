@@ -104,3 +104,23 @@ pub(crate) fn assert_exact(got: &[shoal_engine::Hit], want: &[(u64, f32)], conte
         );
     }
 }
+
+/// Runs this binary's test `name` alone in a child process with `var` set
+/// to `dir`, so that the test plays the child's part (work until killed,
+/// reporting each step on stdout); returns it with its stdout's lines.
+pub(crate) fn spawn_child(
+    name: &str,
+    var: &str,
+    dir: &std::path::Path,
+) -> (std::process::Child, std::io::Lines<std::io::BufReader<std::process::ChildStdout>>) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().expect("current exe"))
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(var, dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawning the child");
+    let lines = std::io::BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    (child, lines)
+}

@@ -3,9 +3,7 @@
 //! at any moment leaves the index whole.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -13,7 +11,7 @@ use rand::Rng;
 use rand::rngs::StdRng;
 use shoal_engine::{Batch, Index, IndexOptions, IndexParams, Metric, Op, Point, SearchParams};
 
-use crate::common::{Fixture, random_vector, rng, test_options};
+use crate::common::{Fixture, random_vector, rng, spawn_child, test_options};
 
 const DIM: usize = 16;
 
@@ -210,14 +208,7 @@ fn a_compaction_killed_at_any_moment_leaves_the_index_whole() {
     let dir = tmp.path().join("shard");
     let mut prev_extra = 0;
     for round in 0..4 {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
-            .env(CHILD, &dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (mut child, mut lines) = spawn_child(NAME, CHILD, &dir);
         let (t0, mut applied) = (Instant::now(), None);
         // Killed (SIGKILL) a random time after its second compaction: in a
         // batch, a copy or a swap.

@@ -3,16 +3,14 @@
 //! leaves the index whole.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use shoal_engine::{Batch, Index, IndexOptions, IndexParams, Metric, Op, Point, SearchParams};
 
-use crate::common::{Fixture, brute_force, random_vector, rng, test_options};
+use crate::common::{Fixture, brute_force, random_vector, rng, spawn_child, test_options};
 
 const DIM: usize = 16;
 
@@ -155,14 +153,7 @@ fn a_vacuum_killed_mid_step_leaves_the_index_whole() {
     let Fixture { dir: tmp, index } = fx;
     drop(index);
     let dir = tmp.path().join("shard");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
-        .env(CHILD, &dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut child, mut lines) = spawn_child(NAME, CHILD, &dir);
     let t0 = Instant::now();
     let mut steps = 0;
     // Killed (SIGKILL) right after its third step reported: somewhere in
