@@ -107,6 +107,7 @@ fn batch_log(a: &Args) -> BatchLogRetention {
     BatchLogRetention {
         max_batches: a.batch_log_max_batches.unwrap_or(d.max_batches),
         max_bytes: a.batch_log_max_bytes.unwrap_or(d.max_bytes),
+        ..d
     }
 }
 

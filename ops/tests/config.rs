@@ -51,6 +51,23 @@ fn a_vacuum_ratio_outside_0_to_1_is_refused_by_name() {
 }
 
 #[test]
+fn a_negative_batch_log_share_is_refused_by_name() {
+    for bad in ["-1.0", "nan", "inf"] {
+        let err = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
+            .merge(Toml::string(&format!("[engine]\nbatch_log_max_share = {bad}\n")))
+            .extract::<ShardNodeConfig>()
+            .unwrap_err();
+        assert!(err.to_string().contains("batch_log_max_share") && err.to_string().contains("0 or more"), "{bad}: {err}");
+    }
+    let ok: ShardNodeConfig = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
+        .merge(Toml::string("[engine]\nbatch_log_max_share = 0.5\nbatch_log_min_bytes = 1024\n"))
+        .extract()
+        .unwrap();
+    let retention = ok.engine.index_options().batch_log;
+    assert_eq!((retention.max_share, retention.min_bytes), (0.5, 1024));
+}
+
+#[test]
 // figment's `Jail` closure returns figment's own (large) error type.
 #[allow(clippy::result_large_err)]
 fn environment_overrides_the_file() {

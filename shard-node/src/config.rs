@@ -141,6 +141,13 @@ pub struct EngineConfig {
     /// bound. 0 batches keeps no log (a copy can then only be re-seeded).
     pub batch_log_max_batches: u64,
     pub batch_log_max_bytes: u64,
+    /// ... and at most this multiple of what the shard's own points take
+    /// in the log (0: no such bound): a copy further behind than its
+    /// shard's size is re-seeded from a snapshot faster than it replays.
+    #[serde(deserialize_with = "non_negative")]
+    pub batch_log_max_share: f64,
+    /// ... which never cuts the log below these bytes.
+    pub batch_log_min_bytes: u64,
     /// New points take the slots of deleted and replaced ones, so a shard
     /// under churn stays the size of its live set (docs/engine.md, "Churn").
     pub reuse_retired: bool,
@@ -168,6 +175,16 @@ fn share_or_zero<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error
 }
 
 /// A share strictly above 0 and at most 1.
+/// A finite number, 0 or more.
+fn non_negative<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let r = f64::deserialize(d)?;
+    if r.is_finite() && r >= 0.0 {
+        Ok(r)
+    } else {
+        Err(serde::de::Error::custom(format!("a finite number of 0 or more was expected, got {r}")))
+    }
+}
+
 fn ratio<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     let r = f64::deserialize(d)?;
     if r.is_finite() && r > 0.0 && r <= 1.0 {
@@ -189,6 +206,8 @@ impl Default for EngineConfig {
             link_log_fold_lists: d.link_log.fold_lists().unwrap_or(0),
             batch_log_max_batches: d.batch_log.max_batches,
             batch_log_max_bytes: d.batch_log.max_bytes,
+            batch_log_max_share: d.batch_log.max_share,
+            batch_log_min_bytes: d.batch_log.min_bytes,
             reuse_retired: d.reuse_retired,
             vacuum_ratio: d.vacuum_ratio,
             compact_free_ratio: d.compact_free_ratio,
@@ -211,7 +230,12 @@ impl EngineConfig {
             0 => LinkLog::Off,
             fold_lists => LinkLog::Auto { fold_lists },
         };
-        o.batch_log = BatchLogRetention { max_batches: self.batch_log_max_batches, max_bytes: self.batch_log_max_bytes };
+        o.batch_log = BatchLogRetention {
+            max_batches: self.batch_log_max_batches,
+            max_bytes: self.batch_log_max_bytes,
+            max_share: self.batch_log_max_share,
+            min_bytes: self.batch_log_min_bytes,
+        };
         o.reuse_retired = self.reuse_retired;
         o.vacuum_ratio = self.vacuum_ratio;
         o.compact_free_ratio = self.compact_free_ratio;

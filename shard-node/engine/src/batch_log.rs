@@ -40,11 +40,11 @@ pub(crate) const PART_BYTES: usize = 2000;
 /// How many recent batches a shard keeps in its batch log.
 ///
 /// The oldest entries go once the log holds more than `max_batches`
-/// entries or more than `max_bytes` bytes; the newest entry always stays
-/// (so a batch larger than `max_bytes` can still be caught up). A copy
-/// that falls further behind than the log reaches must be re-seeded from
-/// a snapshot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// entries or more bytes than [`BatchLogRetention::byte_limit`]; the
+/// newest entry always stays (so a batch larger than the limit can still
+/// be caught up). A copy that falls further behind than the log reaches
+/// must be re-seeded from a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BatchLogRetention {
     /// Entries kept at most; 0 turns the log off (batches still take
     /// sequence numbers, and an existing log is dropped by the next batch).
@@ -52,21 +52,43 @@ pub struct BatchLogRetention {
     /// Bytes of entries kept at most (a 384-d point takes 1,548 bytes plus
     /// its payload).
     pub max_bytes: u64,
+    /// Bytes kept at most as a multiple of what the shard's live points
+    /// take in the log (12 + 4·dim bytes each, payloads aside); 0: no such
+    /// bound. At 1.0 the log never holds more points than the shard: a
+    /// copy further behind than that would re-insert more points from the
+    /// log than a snapshot carries, and a snapshot restores by copying
+    /// pages, not by building the graph again.
+    pub max_share: f64,
+    /// The share bound never cuts the log below this many bytes, so a
+    /// small shard still covers a move or a rejoin under ingest.
+    pub min_bytes: u64,
 }
 
 impl Default for BatchLogRetention {
     fn default() -> Self {
-        BatchLogRetention { max_batches: 10_000, max_bytes: 256 << 20 }
+        BatchLogRetention { max_batches: 10_000, max_bytes: 256 << 20, max_share: 1.0, min_bytes: 64 << 20 }
     }
 }
 
 impl BatchLogRetention {
     /// No log: batches are numbered but not kept.
-    pub const OFF: BatchLogRetention = BatchLogRetention { max_batches: 0, max_bytes: 0 };
+    pub const OFF: BatchLogRetention = BatchLogRetention { max_batches: 0, max_bytes: 0, max_share: 0.0, min_bytes: 0 };
 
     /// True if no entry is kept.
     pub fn is_off(&self) -> bool {
         self.max_batches == 0
+    }
+
+    /// Bytes the log may hold for a shard of `live` points of `dim`
+    /// dimensions.
+    pub fn byte_limit(&self, live: u64, dim: usize) -> u64 {
+        if self.max_share <= 0.0 {
+            return self.max_bytes;
+        }
+        let points = live as f64 * (12 + 4 * dim) as f64;
+        // Saturating: the cast clamps a product past u64::MAX.
+        let share = (points * self.max_share) as u64;
+        self.max_bytes.min(share.max(self.min_bytes))
     }
 }
 

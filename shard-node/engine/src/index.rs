@@ -18,6 +18,7 @@ use crate::store::{self, Store, StoreCell, StoreOptions};
 use crate::table::Retired;
 
 mod compact;
+mod exclusive;
 mod options;
 mod reader;
 mod vacuum;
@@ -469,7 +470,7 @@ mod tests {
     #[test]
     fn a_log_of_whole_entries_is_split_into_parts_on_open() {
         let dir = tempfile::tempdir().unwrap();
-        let retention = crate::BatchLogRetention { max_batches: 4, max_bytes: u64::MAX };
+        let retention = crate::BatchLogRetention { max_batches: 4, max_bytes: u64::MAX, ..crate::BatchLogRetention::default() };
         let opts = IndexOptions { build_threads: 1, durable: false, batch_log: retention, ..IndexOptions::default() };
         let point = |i: u64| (i, (0..8).map(|j| ((i * 7 + j * 3) % 101) as f32 + i as f32 * 0.01).collect::<Vec<f32>>());
         let index = Index::open_or_create(dir.path(), IndexParams::new(8, crate::Metric::Euclidean), opts.clone()).unwrap();

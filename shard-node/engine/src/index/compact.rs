@@ -24,10 +24,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use heed::CompactionOption;
-use parking_lot::RwLockWriteGuard;
 
+use super::exclusive::Copies;
 use super::{Index, store_options};
-use crate::cache::SharedAddrs;
 use crate::error::{Error, Result};
 use crate::session;
 use crate::store::Store;
@@ -84,7 +83,7 @@ impl Index {
     pub fn compact(&self) -> Result<CompactOutcome> {
         let _writer = self.writer.lock();
         // A copy counts itself before it takes any lock; one that comes
-        // later makes `quiesce` give up rather than wait for it.
+        // later makes `exclusive` give up rather than wait for it.
         if self.copies.load(Ordering::Acquire) > 0 {
             return Err(Error::CompactBlocked { path: self.path.clone(), waited: Duration::ZERO });
         }
@@ -163,7 +162,7 @@ impl Index {
     }
 
     fn move_in(&self, spare: Store, staging: &Path) -> std::result::Result<(), Moved> {
-        let Some(mut exclusive) = self.quiesce() else {
+        let Some(mut exclusive) = self.exclusive(Copies::GiveWay) else {
             return Err(Moved::Before(Error::CompactBlocked { path: self.path.clone(), waited: self.opts.resize_wait }));
         };
         let data = self.path.join("data.mdb");
@@ -198,45 +197,6 @@ impl Index {
                     "reopening the compacted index failed; serving it through its staging directory until the shard reopens");
                 Err(Moved::Serving(e))
             }
-        }
-    }
-}
-
-impl Index {
-    /// The `resize` lock, exclusively: no read transaction open. Under a
-    /// steady stream of searches there may be no moment without one, so
-    /// after a short spell of polling this queues for the lock, which
-    /// holds new searches back until those in flight end (milliseconds),
-    /// but for at most `QUEUE_FOR` at a time: a long reader (a snapshot's
-    /// copy) must not stall every search behind it. None after
-    /// `resize_wait`, or as soon as a copy is waiting.
-    fn quiesce(&self) -> Option<RwLockWriteGuard<'_, SharedAddrs>> {
-        const POLL_FOR: Duration = Duration::from_millis(20);
-        const QUEUE_FOR: Duration = Duration::from_millis(200);
-        let started = Instant::now();
-        let mut pause = Duration::from_micros(50);
-        // A copy that started meanwhile holds its read transaction for its
-        // whole length, and waits for the writer lock this compaction holds.
-        let copying = || self.copies.load(Ordering::Acquire) > 0;
-        while started.elapsed() < POLL_FOR {
-            if copying() {
-                return None;
-            }
-            if let Some(guard) = self.resize.try_write() {
-                return Some(guard);
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(5));
-        }
-        loop {
-            if let Some(guard) = self.resize.try_write_for(QUEUE_FOR) {
-                return Some(guard);
-            }
-            if copying() || started.elapsed() >= self.opts.resize_wait {
-                return None;
-            }
-            // Let the searches that queued behind us run before queuing again.
-            std::thread::sleep(QUEUE_FOR);
         }
     }
 }

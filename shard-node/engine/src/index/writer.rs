@@ -10,7 +10,7 @@ use heed::RwTxn;
 use parking_lot::Mutex;
 
 use crate::batch::{Batch, BatchOutcome, Op, Write, Written};
-use crate::batch_log::{self, BatchLogRetention, LogApplied, LogEntry};
+use crate::batch_log::{self, LogApplied, LogEntry};
 use crate::cache::SharedAddrs;
 use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, State};
 use crate::error::{Error, InvalidInput, Rejected, Result};
@@ -23,6 +23,7 @@ use crate::store::{self, Store};
 use crate::table::{Block, Name, Retired, Table};
 use crate::view::Frozen;
 
+use super::exclusive::Copies;
 use super::{Index, LinkLog};
 
 impl Index {
@@ -211,7 +212,7 @@ impl Index {
         let Linked { entry, log: new_log } =
             self.link(&mut wtxn, &plan, levels, reused.clone(), Base { state: &state, shared, log: &log }, live)?;
         let (log_first_seq, log_bytes) = tracing::debug_span!("batch_log", entries = plan.logged.len())
-            .in_scope(|| self.write_batch_log(&mut wtxn, items, &plan, &state))?;
+            .in_scope(|| self.write_batch_log(&mut wtxn, items, &plan, &state, live))?;
         let new_state = State {
             next_id: next as u32,
             entry,
@@ -271,12 +272,21 @@ impl Index {
 
     /// Appends the group's accepted batches to the batch log under their
     /// sequence numbers and drops the oldest entries past the retention.
-    /// Returns the log's first sequence number and bytes afterwards.
-    fn write_batch_log(&self, wtxn: &mut RwTxn<'_>, items: &[Item], plan: &Plan<'_>, state: &State) -> Result<(u64, u64), Attempt> {
+    /// `live` is the shard's point count after the group. Returns the log's
+    /// first sequence number and bytes afterwards.
+    fn write_batch_log(
+        &self,
+        wtxn: &mut RwTxn<'_>,
+        items: &[Item],
+        plan: &Plan<'_>,
+        state: &State,
+        live: u64,
+    ) -> Result<(u64, u64), Attempt> {
         let store = &self.store;
         let db = store.dbs.batch_log;
         let err = |e| attempt(store, e);
-        let BatchLogRetention { max_batches, max_bytes } = self.opts.batch_log;
+        let retention = self.opts.batch_log;
+        let max_batches = retention.max_batches;
         if max_batches == 0 {
             // Off: nothing is kept, and entries an earlier setting kept
             // would leave a hole in the numbers: drop them.
@@ -287,6 +297,7 @@ impl Index {
         }
         let (mut first, mut bytes) = (state.log_first_seq, state.log_bytes);
         let dim = self.params.dim as usize;
+        let max_bytes = retention.byte_limit(live, dim);
         let mut value = Vec::new();
         for logged in &plan.logged {
             let batch = &items[logged.item].batch;
@@ -861,20 +872,10 @@ impl Index {
     pub(super) fn grow_map(&self) -> Result<()> {
         let new_size = self.store.next_map_size()?;
         // LMDB may only remap with no transaction open in the process: wait
-        // for searches to finish. Polling `try_write` instead of queueing as
-        // a writer keeps new searches flowing meanwhile (a fair lock would
-        // park every reader behind the waiting resize).
-        let deadline = std::time::Instant::now() + self.opts.resize_wait;
-        let mut pause = Duration::from_micros(50);
-        let mut exclusive = loop {
-            if let Some(guard) = self.resize.try_write() {
-                break guard;
-            }
-            if std::time::Instant::now() >= deadline {
-                return Err(Error::ResizeBlocked { path: self.path.clone(), waited: self.opts.resize_wait });
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(20));
+        // for searches to finish, and for a copy in progress (the batch
+        // needs the room).
+        let Some(mut exclusive) = self.exclusive(Copies::Wait) else {
+            return Err(Error::ResizeBlocked { path: self.path.clone(), waited: self.opts.resize_wait });
         };
         self.sessions.lock().clear();
         // The remap may move the map: every shared vector address goes stale.

@@ -250,7 +250,10 @@ fn entries_hold_what_each_batch_did() {
 fn retention_trims_the_oldest_and_says_when_a_copy_is_too_far_behind() {
     let mut rng = rng("retention_trims_the_oldest_and_says_when_a_copy_is_too_far_behind");
     let dim = 8;
-    let opts = IndexOptions { batch_log: BatchLogRetention { max_batches: 5, max_bytes: u64::MAX }, ..test_options() };
+    let opts = IndexOptions {
+        batch_log: BatchLogRetention { max_batches: 5, max_bytes: u64::MAX, ..BatchLogRetention::default() },
+        ..test_options()
+    };
     let f = Fixture::with(IndexParams::new(dim, Metric::Cosine), opts.clone());
     f.index.apply(random_batch(&mut rng, dim as usize, 0..10)).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -270,7 +273,10 @@ fn retention_trims_the_oldest_and_says_when_a_copy_is_too_far_behind() {
 
     // By bytes: each entry of 10 points of 8-d is about 480 bytes; the
     // newest always stays, even alone over the limit.
-    let opts = IndexOptions { batch_log: BatchLogRetention { max_batches: 1000, max_bytes: 1_200 }, ..test_options() };
+    let opts = IndexOptions {
+        batch_log: BatchLogRetention { max_batches: 1000, max_bytes: 1_200, ..BatchLogRetention::default() },
+        ..test_options()
+    };
     let f = f.reopen(opts.clone());
     f.index.apply(random_batch(&mut rng, dim as usize, 500..510)).unwrap();
     let s = f.index.stats().unwrap();
@@ -293,6 +299,52 @@ fn retention_trims_the_oldest_and_says_when_a_copy_is_too_far_behind() {
     f.index.apply(random_batch(&mut rng, dim as usize, 800..810)).unwrap();
     let read = f.index.read_log(24, u64::MAX).unwrap();
     assert_eq!((read.first_seq, read.last_seq, read.entries.len()), (24, 24, 1));
+}
+
+/// The log holds at most `max_share` times what the shard's own points
+/// take in it, never cut below `min_bytes`: a shard rewriting the same
+/// points keeps only its newest batches, and one that grows keeps more.
+#[test]
+fn retention_follows_the_size_of_the_shard() {
+    let mut rng = rng("retention_follows_the_size_of_the_shard");
+    let dim = 8u32;
+    let retention = BatchLogRetention { max_batches: 1000, max_bytes: u64::MAX, max_share: 2.0, min_bytes: 0 };
+    let limit = |live: u64| retention.byte_limit(live, dim as usize);
+    assert_eq!(limit(10), 2 * 10 * (12 + 4 * 8));
+    let f = Fixture::with(IndexParams::new(dim, Metric::Cosine), IndexOptions { batch_log: retention, ..test_options() });
+    // The same 10 points, 20 times: each entry (~480 bytes) is about half
+    // the limit of a 10-point shard (880 bytes).
+    for _ in 0..20 {
+        f.index.apply(random_batch(&mut rng, dim as usize, 0..10)).unwrap();
+        let s = f.index.stats().unwrap();
+        assert!(s.batch_log_bytes <= limit(s.live) || s.batch_log_entries == 1, "{s:?}");
+    }
+    let s = f.index.stats().unwrap();
+    assert_eq!((s.live, s.last_seq), (10, 20));
+    assert!((1..=2).contains(&s.batch_log_entries), "{s:?}");
+    // Growing: 30 batches of 10 new points each; the limit grows faster
+    // than the log, so nothing more goes.
+    let kept = s.batch_log_entries;
+    for b in 1..=30u64 {
+        f.index.apply(random_batch(&mut rng, dim as usize, b * 10..b * 10 + 10)).unwrap();
+    }
+    let s = f.index.stats().unwrap();
+    assert_eq!(s.live, 310);
+    assert_eq!(s.batch_log_entries, kept + 30, "{s:?}");
+    assert!(s.batch_log_bytes <= limit(s.live), "{s:?}");
+    // Whatever is kept reads back whole, from the first retained number.
+    let read = f.index.read_log(s.batch_log_first_seq, u64::MAX).unwrap();
+    assert_eq!(read.entries.len() as u64, s.batch_log_entries);
+
+    // The floor: 20 rewrites of 10 points fit in 10,000 bytes.
+    let floor = BatchLogRetention { min_bytes: 10_000, ..retention };
+    let f = Fixture::with(IndexParams::new(dim, Metric::Cosine), IndexOptions { batch_log: floor, ..test_options() });
+    for _ in 0..20 {
+        f.index.apply(random_batch(&mut rng, dim as usize, 0..10)).unwrap();
+    }
+    let s = f.index.stats().unwrap();
+    assert_eq!(s.batch_log_entries, 20, "{s:?}");
+    assert!(s.batch_log_bytes <= 10_000, "{s:?}");
 }
 
 /// A copy applies entries of the source's log with the source's numbers:

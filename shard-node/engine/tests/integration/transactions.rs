@@ -331,3 +331,42 @@ fn mostly_deleted_indexes_still_answer_with_every_live_point() {
     assert_eq!(ids, vec![0, 1, 2, 3, 4]);
     assert!(matches!(fx.index.offset(""), Err(Error::Invalid(shoal_engine::InvalidInput::BadSourceName { .. }))));
 }
+
+/// LMDB remaps only with no read transaction open in the process. Under a
+/// steady stream of searches from two threads there may never be such a
+/// moment by chance; the growth must still get its turn, well within
+/// `resize_wait`, rather than fail the batch with `ResizeBlocked`.
+#[test]
+fn the_map_grows_under_a_steady_stream_of_searches() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut rng = rng("the_map_grows_under_a_steady_stream_of_searches");
+    let opts = IndexOptions { initial_map_size: 1 << 20, resize_wait: std::time::Duration::from_secs(5), ..test_options() };
+    let fx = Arc::new(Fixture::with(IndexParams::new(64, Metric::Cosine), opts));
+    fx.index.apply(random_batch(&mut rng, 64, 0..200)).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let searchers: Vec<_> = (0..2)
+        .map(|_| {
+            let (fx, stop) = (Arc::clone(&fx), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    fx.index.search(&[0.5; 64], SearchParams::new(10, 64)).unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let map_before = fx.index.stats().unwrap().map_size;
+    let applied: Vec<_> = (1..6u64).map(|b| fx.index.apply(random_batch(&mut rng, 64, b * 2000..b * 2000 + 1500))).collect();
+    stop.store(true, Ordering::Relaxed);
+    let searched: u64 = searchers.into_iter().map(|s| s.join().unwrap()).sum();
+    for (b, r) in applied.iter().enumerate() {
+        assert!(r.is_ok(), "batch {} failed: {:?}", b + 1, r.as_ref().err());
+    }
+    let stats = fx.index.stats().unwrap();
+    assert!(stats.map_size > map_before, "map did not grow: {} -> {}", map_before, stats.map_size);
+    assert_eq!(stats.live, 200 + 5 * 1500);
+    assert!(searched > 0);
+}
