@@ -97,14 +97,21 @@ pub(crate) struct Args {
     /// Tombstones per vacuum step (`writer.vacuum_step`).
     #[arg(long, default_value_t = 1000)]
     vacuum_step: usize,
+    /// After the vacuum, fold the link log into its blocks when it holds
+    /// at least this many lists per node, as an idle shard node does
+    /// (`engine.idle_fold_ratio`; 0: only batches fold). The default is
+    /// the engine's.
+    #[arg(long)]
+    idle_fold_ratio: Option<f64>,
     /// After the vacuum, compact the file when free pages make up at
     /// least this share of it, as an idle shard node does
     /// (`engine.compact_free_ratio`; 0: never). The default is the
     /// engine's.
     #[arg(long)]
     compact_free_ratio: Option<f64>,
-    /// Keep the churned index directory afterwards (its path is printed),
-    /// to look at with `mdb_stat`.
+    /// Keep the churned index directory and the last round's fresh build
+    /// afterwards (their paths are printed), to look at with `mdb_stat` or
+    /// to profile searches on both (`loadtest search-bench`).
     #[arg(long)]
     keep: bool,
     /// Directory for the index environments (default: the system temp dir).
@@ -258,6 +265,11 @@ pub(crate) fn run(a: Args) -> Result<()> {
     if a.vacuum_step == 0 {
         bail!("--vacuum-step must be at least 1");
     }
+    match a.idle_fold_ratio {
+        Some(r) if r.is_finite() && r >= 0.0 => opts.idle_fold_ratio = r,
+        Some(r) => bail!("--idle-fold-ratio must be 0 or more, not {r}"),
+        None => {}
+    }
     match a.compact_free_ratio {
         Some(r) if (0.0..=1.0).contains(&r) => opts.compact_free_ratio = r,
         Some(r) => bail!("--compact-free-ratio must be in [0, 1], not {r}"),
@@ -334,6 +346,15 @@ pub(crate) fn run(a: Args) -> Result<()> {
             }
             entry["vacuumed"] = json!(vacuumed);
             entry["vacuum_seconds"] = json!(round3(t.elapsed().as_secs_f64()));
+            // Then, as an idle shard node does, fold the link log if it
+            // holds enough lists, before the compaction gives its pages back.
+            let t = Instant::now();
+            let folded = match index.fold_due()? {
+                true => index.fold_link_log()?.lists,
+                false => 0,
+            };
+            entry["folded_lists"] = json!(folded);
+            entry["fold_seconds"] = json!(round3(t.elapsed().as_secs_f64()));
             let (reclaimed, seconds, before) = match index.compact_due()? {
                 true => {
                     let o = index.compact()?;
@@ -391,7 +412,11 @@ pub(crate) fn run(a: Args) -> Result<()> {
             entry["fresh_batch_log_bytes"] = json!(fs.batch_log_bytes);
             entry["fresh_build_seconds"] = json!(round3(build));
             drop(fresh);
-            std::fs::remove_dir_all(&dir).ok();
+            // `--keep` keeps the last fresh build beside the churned index,
+            // to profile the two against each other.
+            if !(a.keep && r == a.rounds) {
+                std::fs::remove_dir_all(&dir).ok();
+            }
         } else {
             for f in [
                 "qps_after_fresh",
@@ -417,7 +442,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
     }
     if a.keep {
         drop(index);
-        eprintln!("kept {}", root.keep().join("churned").display());
+        let kept = root.keep();
+        eprintln!("kept {} and {}", kept.join("churned").display(), kept.join(format!("fresh-{}", a.rounds)).display());
     }
     let out = json!({
         "lib": "shoal",
@@ -428,6 +454,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         "fractions": {"upsert": a.upsert_frac, "delete": a.delete_frac, "insert": a.insert_frac},
         "vacuum_ratio": if vacuum { json!(opts.vacuum_ratio) } else { serde_json::Value::Null },
         "vacuum_step": a.vacuum_step,
+        "idle_fold_ratio": opts.idle_fold_ratio,
         "compact_free_ratio": opts.compact_free_ratio,
         "rounds": rounds,
     });
@@ -503,7 +530,7 @@ fn print_round(e: &serde_json::Value) {
     let mib = |v: &serde_json::Value| v.as_f64().map_or("-".to_owned(), |b| format!("{:.1}", b / (1 << 20) as f64));
     let f = |v: &serde_json::Value, d: usize| v.as_f64().map_or("-".to_owned(), |x| format!("{x:.d$}"));
     eprintln!(
-        "round {:>2}: live {} tombstones {} (vacuumed now {}) | recall {} (fresh {}) | qps {} (fresh {}) | disk MiB {} used {} (fresh {}) | apply {} ms/op vacuum {} s compact {} s",
+        "round {:>2}: live {} tombstones {} (vacuumed now {}) | recall {} (fresh {}) | qps {} (fresh {}) | disk MiB {} used {} (fresh {}) | apply {} ms/op vacuum {} s fold {} s compact {} s",
         e["round"],
         e["live"],
         e["tombstones"],
@@ -517,6 +544,7 @@ fn print_round(e: &serde_json::Value) {
         mib(&e["fresh_disk_bytes"]),
         f(&e["apply_ms_per_op"], 4),
         f(&e["vacuum_seconds"], 1),
+        f(&e["fold_seconds"], 1),
         f(&e["compact_seconds"], 1),
     );
 }

@@ -14,6 +14,7 @@ mod index_bench;
 mod load;
 mod memory;
 mod otlp_sink;
+mod search_bench;
 mod slowfs;
 mod snapshot_bench;
 mod synth;
@@ -37,6 +38,9 @@ enum Command {
     Churn(churn::Args),
     /// Ingest rate and search latency of the embedded 3-shard cluster.
     ClusterBench(cluster_bench::Args),
+    /// Search existing index directories pass after pass (e.g. the two
+    /// that `churn --keep` leaves), to time and profile them side by side.
+    SearchBench(search_bench::Args),
     /// Snapshot and restore a shard beside cp / tar|zstd and a rebuild
     /// (docs/snapshots.md).
     SnapshotBench(snapshot_bench::Args),
@@ -88,6 +92,7 @@ fn main() -> anyhow::Result<()> {
         Command::Churn(a) => churn::run(a),
         Command::Compare(a) => compare::run(a),
         Command::ClusterBench(a) => cluster_bench::run(a),
+        Command::SearchBench(a) => search_bench::run(a),
         Command::SnapshotBench(a) => snapshot_bench::run(a),
         Command::DiskBench(a) => disk_bench::run(a),
         Command::DiskCompare(a) => disk_compare::run(a),

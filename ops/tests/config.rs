@@ -51,20 +51,22 @@ fn a_vacuum_ratio_outside_0_to_1_is_refused_by_name() {
 }
 
 #[test]
-fn a_negative_batch_log_share_is_refused_by_name() {
-    for bad in ["-1.0", "nan", "inf"] {
-        let err = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
-            .merge(Toml::string(&format!("[engine]\nbatch_log_max_share = {bad}\n")))
-            .extract::<ShardNodeConfig>()
-            .unwrap_err();
-        assert!(err.to_string().contains("batch_log_max_share") && err.to_string().contains("0 or more"), "{bad}: {err}");
+fn a_negative_batch_log_share_or_fold_ratio_is_refused_by_name() {
+    for key in ["batch_log_max_share", "idle_fold_ratio"] {
+        for bad in ["-1.0", "nan", "inf"] {
+            let err = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
+                .merge(Toml::string(&format!("[engine]\n{key} = {bad}\n")))
+                .extract::<ShardNodeConfig>()
+                .unwrap_err();
+            assert!(err.to_string().contains(key) && err.to_string().contains("0 or more"), "{key} = {bad}: {err}");
+        }
     }
     let ok: ShardNodeConfig = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
-        .merge(Toml::string("[engine]\nbatch_log_max_share = 0.5\nbatch_log_min_bytes = 1024\n"))
+        .merge(Toml::string("[engine]\nbatch_log_max_share = 0.5\nbatch_log_min_bytes = 1024\nidle_fold_ratio = 0.25\n"))
         .extract()
         .unwrap();
-    let retention = ok.engine.index_options().batch_log;
-    assert_eq!((retention.max_share, retention.min_bytes), (0.5, 1024));
+    let opts = ok.engine.index_options();
+    assert_eq!((opts.batch_log.max_share, opts.batch_log.min_bytes, opts.idle_fold_ratio), (0.5, 1024, 0.25));
 }
 
 #[test]

@@ -155,6 +155,12 @@ pub struct EngineConfig {
     /// reach before the shard's writer vacuums them while idle (0 < r ≤ 1).
     #[serde(deserialize_with = "ratio")]
     pub vacuum_ratio: f64,
+    /// Lists per graph node that a shard's link log may hold before the
+    /// idle writer folds it into the bottom-layer blocks, where searches
+    /// read them faster (0: only batches fold, past
+    /// `link_log_fold_lists`; docs/engine.md, "Churn").
+    #[serde(deserialize_with = "non_negative")]
+    pub idle_fold_ratio: f64,
     /// Share of a shard's data file that free pages (LMDB's, which it
     /// reuses but never gives back) may reach before the idle writer, or
     /// `shoalctl shard vacuum`, compacts the file (0 ≤ r ≤ 1; 0: never).
@@ -210,6 +216,7 @@ impl Default for EngineConfig {
             batch_log_min_bytes: d.batch_log.min_bytes,
             reuse_retired: d.reuse_retired,
             vacuum_ratio: d.vacuum_ratio,
+            idle_fold_ratio: d.idle_fold_ratio,
             compact_free_ratio: d.compact_free_ratio,
             compact_min_bytes: d.compact_min_bytes,
         }
@@ -238,6 +245,7 @@ impl EngineConfig {
         };
         o.reuse_retired = self.reuse_retired;
         o.vacuum_ratio = self.vacuum_ratio;
+        o.idle_fold_ratio = self.idle_fold_ratio;
         o.compact_free_ratio = self.compact_free_ratio;
         o.compact_min_bytes = self.compact_min_bytes;
         o

@@ -532,10 +532,16 @@ impl ShardHost {
         }
         let index = Arc::clone(&self.get(&key)?.index);
         // The steps freed pages; give them back if enough are free. Batches
-        // wait for the copy (the engine's writer lock), searches only for
-        // the swap.
+        // wait for the fold and the copy (the engine's writer lock),
+        // searches only for the swap.
         let labels = crate::metrics::labels(&key);
         let (stats, reclaimed) = blocking(move || {
+            // The steps' repairs went to the link log; searches read the
+            // lists faster from their blocks.
+            if index.fold_due().map_err(engine_error)? {
+                let o = index.fold_link_log().map_err(engine_error)?;
+                crate::metrics::get().folded_lists.add(o.lists, &labels);
+            }
             let reclaimed = match index.compact_due().map_err(engine_error)? {
                 true => {
                     let o = index.compact().map_err(engine_error)?;

@@ -30,6 +30,8 @@ pub(crate) struct NodeMetrics {
     pub(crate) points_deleted: Counter<u64>,
     /// Tombstones unlinked and reclaimed by vacuum steps.
     pub(crate) vacuumed: Counter<u64>,
+    /// Link lists idle folds moved from the link log into their blocks.
+    pub(crate) folded_lists: Counter<u64>,
     /// Bytes of data files snapshotted or restored, and how long it took.
     pub(crate) snapshot_bytes: Counter<u64>,
     pub(crate) snapshot_duration: Histogram<f64>,
@@ -63,6 +65,10 @@ pub(crate) fn get() -> &'static NodeMetrics {
             vacuumed: m
                 .u64_counter("shoal.shard.vacuumed")
                 .with_description("Tombstones a shard's vacuum unlinked from the graph and reclaimed")
+                .build(),
+            folded_lists: m
+                .u64_counter("shoal.shard.link_log.folded")
+                .with_description("Link lists an idle fold moved from a shard's link log into their blocks")
                 .build(),
             snapshot_bytes: m
                 .u64_counter("shoal.snapshot.data")

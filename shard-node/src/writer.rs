@@ -160,8 +160,11 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
                     if opts.vacuum_step > 0 && idle_vacuum(&index, opts.vacuum_step, &labels).await {
                         continue;
                     }
-                    // Then give free pages back if enough are (a write that
-                    // comes meanwhile waits for the copy).
+                    // Then move the link log's lists back into their
+                    // blocks, where searches read them faster, if it holds
+                    // enough of them; and give free pages back if enough
+                    // are (a write that comes meanwhile waits for either).
+                    idle_fold(&index, &labels).await;
                     if compact_after.is_none_or(|t| Instant::now() >= t) {
                         compact_after = idle_compact(&index, &labels).await;
                     }
@@ -262,6 +265,32 @@ async fn idle_vacuum(index: &Arc<Index>, step: usize, labels: &[KeyValue; 2]) ->
     }
 }
 
+/// Folds the shard's link log into its blocks if it holds enough lists.
+/// A failure is logged; the next idle moment tries again (a damaged shard
+/// answers its requests with the error).
+async fn idle_fold(index: &Arc<Index>, labels: &[KeyValue; 2]) {
+    let index = Arc::clone(index);
+    let started = Instant::now();
+    let span = tracing::info_span!("fold_link_log");
+    let result = tokio::task::spawn_blocking(move || {
+        let _in = span.enter();
+        if !index.fold_due()? {
+            return Ok(None);
+        }
+        index.fold_link_log().map(Some)
+    })
+    .await;
+    match result {
+        Ok(Ok(Some(o))) => {
+            metrics::get().folded_lists.add(o.lists, labels);
+            tracing::debug!(lists = o.lists, blocks = o.blocks, seconds = started.elapsed().as_secs_f64(), "link log folded");
+        }
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "folding the link log failed"),
+        Err(join) => tracing::error!(error = %join, "folding the link log panicked"),
+    }
+}
+
 /// Compacts the shard's file if its free pages are due for it. A failure
 /// (a snapshot's copy held its read transaction past `resize_wait`) is
 /// logged and the next try waits a minute; returns when that is.
@@ -307,4 +336,67 @@ fn commit(index: &Index, works: Vec<Work>) -> Result<Vec<Result<Answer, Failure>
     }
     let outcomes = index.write(writes).map_err(engine_error)?;
     Ok(outcomes.into_iter().map(|o| o.map(Answer::Written).map_err(|r| Failure::Refused(r.into()))).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use rand::{Rng, SeedableRng};
+    use shoal_engine::{Batch, Index, IndexOptions, IndexParams, LinkLog, Metric, Op, Point};
+
+    use super::{ShardWriter, WriterOptions};
+
+    /// An index whose link log holds lists: batches of new points and of
+    /// upserts, each changing existing nodes' lists, which go to the log.
+    fn index_with_logged_lists(dir: &std::path::Path, idle_fold_ratio: f64) -> Arc<Index> {
+        let opts = IndexOptions {
+            build_threads: 1,
+            durable: false,
+            link_log: LinkLog::Always { fold_lists: 1 << 20 },
+            idle_fold_ratio,
+            ..IndexOptions::default()
+        };
+        let index = Index::open_or_create(dir, IndexParams::new(8, Metric::Euclidean), opts).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let mut upsert = |ids: std::ops::Range<u64>| {
+            let ops = ids.map(|id| Op::Upsert(Point { id, vector: (0..8).map(|_| rng.random_range(-1.0..1.0)).collect(), payload: None }));
+            index.apply(Batch { ops: ops.collect(), source: None }).unwrap();
+        };
+        upsert(0..300);
+        // Small batches: a batch folds once the log would hold more lists
+        // than the index has nodes, so stop at one that appended.
+        for b in 0..10u64 {
+            upsert(300 + b * 20..320 + b * 20);
+            if index.stats().unwrap().link_log_lists > 0 {
+                break;
+            }
+        }
+        assert!(index.stats().unwrap().link_log_lists > 0, "the batches logged no list");
+        Arc::new(index)
+    }
+
+    /// The writer folds a log past `idle_fold_ratio` as soon as it is idle,
+    /// and leaves it alone with a ratio of 0.
+    #[tokio::test]
+    async fn an_idle_writer_folds_the_link_log_when_it_is_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = index_with_logged_lists(&dir.path().join("due"), 0.01);
+        let labels = crate::metrics::labels(&(shoal_proto::CollectionName::parse("c").unwrap(), 0));
+        let writer = ShardWriter::spawn(Arc::clone(&index), WriterOptions::default(), labels.clone());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while index.stats().unwrap().link_log_lists > 0 {
+            assert!(Instant::now() < deadline, "still {} lists in the log", index.stats().unwrap().link_log_lists);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        writer.close().await;
+
+        let index = index_with_logged_lists(&dir.path().join("off"), 0.0);
+        let lists = index.stats().unwrap().link_log_lists;
+        let writer = ShardWriter::spawn(Arc::clone(&index), WriterOptions::default(), labels);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        writer.close().await;
+        assert_eq!(index.stats().unwrap().link_log_lists, lists);
+    }
 }

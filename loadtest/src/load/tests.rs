@@ -28,7 +28,8 @@ async fn run(args: &[&str]) -> anyhow::Result<Report> {
         | Command::OtlpSink(_)
         | Command::Slowfs(_)
         | Command::Chaos(_)
-        | Command::Churn(_) => anyhow::bail!("not a load command"),
+        | Command::Churn(_)
+        | Command::SearchBench(_) => anyhow::bail!("not a load command"),
     }
 }
 

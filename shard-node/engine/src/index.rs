@@ -19,12 +19,14 @@ use crate::table::Retired;
 
 mod compact;
 mod exclusive;
+mod fold;
 mod options;
 mod reader;
 mod vacuum;
 mod writer;
 
 pub use compact::CompactOutcome;
+pub use fold::FoldOutcome;
 pub use options::{IndexOptions, LinkLog, Rescore};
 pub use reader::{IndexStats, Snapshot};
 pub use vacuum::VacuumOutcome;

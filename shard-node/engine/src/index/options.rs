@@ -41,6 +41,11 @@ pub struct IndexOptions {
     /// [`crate::Index::compact_due`] says so; the shard node then compacts
     /// when its writer is idle. 0: never on its own. Default 0.2.
     pub compact_free_ratio: f64,
+    /// Lists per graph node that the link log may hold before
+    /// [`crate::Index::fold_due`] says so; the shard node then folds the log
+    /// into the blocks when its writer is idle, before compacting. 0: only
+    /// batches fold (past `LinkLog`'s `fold_lists`). Default 0.1.
+    pub idle_fold_ratio: f64,
     /// Files below this size are never compacted on their own: the copy
     /// would cost more than the space is worth. Default 64 MiB.
     pub compact_min_bytes: u64,
@@ -170,6 +175,7 @@ impl Default for IndexOptions {
             reuse_retired: true,
             vacuum_ratio: 0.05,
             compact_free_ratio: 0.2,
+            idle_fold_ratio: 0.1,
             compact_min_bytes: 64 << 20,
             read_ahead: false,
             max_payload_bytes: 64 << 10,

@@ -766,7 +766,13 @@ impl Index {
     /// does not replace (an empty version when not folding). Blocks are read, patched and rewritten
     /// once each, in key order; blocks past the ones that existed before
     /// `first_new` are appended. Returns how many blocks were written.
-    fn patch_blocks(&self, wtxn: &mut RwTxn<'_>, first_new: u32, direct: &[(u32, &[u32])], fold: &LogIndex) -> Result<usize, Attempt> {
+    pub(super) fn patch_blocks(
+        &self,
+        wtxn: &mut RwTxn<'_>,
+        first_new: u32,
+        direct: &[(u32, &[u32])],
+        fold: &LogIndex,
+    ) -> Result<usize, Attempt> {
         // Lists are gathered a round at a time, as bytes, because the
         // logged ones are read from values of this very transaction, which
         // cannot be borrowed while blocks are written; a round bounds the

@@ -141,6 +141,57 @@ fn snapshots_keep_their_own_link_log_across_appends_and_folds() {
     assert_eq!(answers(&mut fx.index.snapshot().unwrap()), before);
 }
 
+/// An idle fold moves every logged list into its block: the log is empty
+/// afterwards, searches answer exactly as before (held snapshots too), a
+/// reopen finds the folded state, and `fold_due` follows the ratio.
+#[test]
+fn an_idle_fold_empties_the_link_log_and_changes_no_answer() {
+    let mut rng = rng("an_idle_fold_empties_the_link_log_and_changes_no_answer");
+    let dim = 16;
+    let opts = IndexOptions { link_log: LinkLog::Always { fold_lists: 1 << 20 }, idle_fold_ratio: 0.5, ..test_options() };
+    let fx = Fixture::with(IndexParams::new(dim as u32, Metric::Euclidean), opts.clone());
+    fx.index.apply(random_batch(&mut rng, dim, 0..600)).unwrap();
+    let queries: Vec<Vec<f32>> = (0..20).map(|_| random_vector(&mut rng, dim)).collect();
+    let answers = |snap: &mut shoal_engine::Snapshot<'_>| -> Vec<Vec<(u64, f32)>> {
+        queries.iter().map(|q| snap.search(q, SearchParams::new(10, 80)).unwrap().iter().map(|h| (h.id, h.distance)).collect()).collect()
+    };
+    // Upserts of existing points and new ones: their repairs and links
+    // change existing nodes' lists, which go to the log.
+    let mut b = 0u64;
+    while fx.index.stats().unwrap().link_log_lists < 300 {
+        assert!(b < 20, "the log holds {} lists after {b} batches", fx.index.stats().unwrap().link_log_lists);
+        fx.index.apply(random_batch(&mut rng, dim, (b * 37 % 500)..(b * 37 % 500) + 100)).unwrap();
+        b += 1;
+    }
+    let nodes = {
+        let s = fx.index.stats().unwrap();
+        s.live + s.tombstones
+    };
+    let logged = fx.index.stats().unwrap().link_log_lists;
+    assert_eq!(fx.index.fold_due().unwrap(), logged as f64 >= 0.5 * nodes as f64);
+    let mut held = fx.index.snapshot().unwrap();
+    let before = answers(&mut held);
+    let folded = fx.index.fold_link_log().unwrap();
+    assert_eq!(folded.lists, logged);
+    assert!(folded.blocks > 0);
+    assert_eq!(fx.index.stats().unwrap().link_log_lists, 0);
+    assert!(!fx.index.fold_due().unwrap(), "an empty log is never due");
+    assert_eq!(answers(&mut fx.index.snapshot().unwrap()), before, "the fold changed an answer");
+    assert_eq!(answers(&mut held), before, "a snapshot held across the fold changed");
+    drop(held);
+    // Nothing left to fold: nothing is written.
+    let commits = fx.index.stats().unwrap().commits;
+    assert_eq!(fx.index.fold_link_log().unwrap(), shoal_engine::FoldOutcome { lists: 0, blocks: 0 });
+    assert_eq!(fx.index.stats().unwrap().commits, commits);
+    let fx = fx.reopen(IndexOptions { idle_fold_ratio: 0.0, ..opts });
+    assert_eq!(fx.index.stats().unwrap().link_log_lists, 0);
+    assert_eq!(answers(&mut fx.index.snapshot().unwrap()), before);
+    // Lists logged again, but a ratio of 0 never folds on its own.
+    fx.index.apply(random_batch(&mut rng, dim, 0..200)).unwrap();
+    assert!(fx.index.stats().unwrap().link_log_lists > 0);
+    assert!(!fx.index.fold_due().unwrap());
+}
+
 /// The points a batch upserts.
 fn upserted(batch: &Batch) -> Vec<(u64, Vec<f32>)> {
     batch
