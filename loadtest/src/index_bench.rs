@@ -284,10 +284,12 @@ pub(crate) fn run(a: Args) -> Result<()> {
                     String::new()
                 }
             );
+            let idle_fold = idle_fold(&idx)?;
             let samples: Vec<f64> = samples.iter().map(|&s| round(s, 4)).collect();
             incremental.push(json!({"base": size, "added": added, "ms_per_vector": round(ms, 4), "samples": samples,
                                     "mean_ms_per_vector": round(mean, 4), "link_log_lists": log_lists,
-                                    "peak_rss_anon_bytes": peak, "rss_anon_before_bytes": before}));
+                                    "peak_rss_anon_bytes": peak, "rss_anon_before_bytes": before,
+                                    "idle_fold": idle_fold}));
             drop(idx);
             std::fs::remove_dir_all(&d).ok();
         }
@@ -301,6 +303,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
                    "link_log": format!("{:?}", link_log(&a)), "batch_log": format!("{:?}", batch_log(&a))},
         "build": {"vectors": n, "seconds": round(secs, 3), "vectors_per_s": round(n as f64 / secs, 1),
                   "disk_bytes": stats.disk_bytes, "used_bytes": stats.used_bytes, "raw_bytes": raw,
+                  "free_bytes": stats.free_bytes, "table_bytes": stats.table_bytes.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect::<serde_json::Map<_, _>>(),
                   "batch_log_entries": stats.batch_log_entries, "batch_log_bytes": stats.batch_log_bytes,
                   "peak_rss_anon_bytes": build_peak,
                   "batches": batch_peaks, "max_level": stats.max_level, "unaligned_vectors": unaligned},
@@ -343,4 +346,35 @@ fn print_summary(out: &serde_json::Value) {
 #[allow(dead_code)]
 pub(crate) fn env_dir(root: &Path) -> PathBuf {
     root.join("full")
+}
+
+/// Folds what the batches left in the link log, as a shard node's idle
+/// writer does, a step (one commit) at a time, and times the steps: the
+/// fold's cost at the index's size, and the memory its commits take.
+fn idle_fold(idx: &Index) -> Result<serde_json::Value> {
+    let lists = idx.stats()?.link_log_lists;
+    if lists == 0 {
+        return Ok(serde_json::Value::Null);
+    }
+    let sampler = PeakSampler::start();
+    let started = Instant::now();
+    let (mut steps, mut blocks, mut slowest) = (0u64, 0u64, 0f64);
+    loop {
+        let t = Instant::now();
+        let step = idx.fold_link_log_step()?;
+        slowest = slowest.max(t.elapsed().as_secs_f64());
+        steps += 1;
+        blocks += step.blocks;
+        if step.ended {
+            break;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let peak = sampler.finish();
+    eprintln!(
+        "idle fold: {lists} lists, {blocks} blocks in {steps} steps, {seconds:.2} s (slowest step {slowest:.3} s), peak RssAnon {} MiB",
+        peak >> 20
+    );
+    Ok(json!({"lists": lists, "blocks": blocks, "steps": steps, "seconds": round(seconds, 3),
+              "max_step_seconds": round(slowest, 3), "peak_rss_anon_bytes": peak}))
 }

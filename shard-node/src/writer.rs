@@ -161,10 +161,13 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
                         continue;
                     }
                     // Then move the link log's lists back into their
-                    // blocks, where searches read them faster, if it holds
-                    // enough of them; and give free pages back if enough
-                    // are (a write that comes meanwhile waits for either).
-                    idle_fold(&index, &labels).await;
+                    // blocks, where searches read them faster, a bounded
+                    // step at a time, if it holds enough of them; then give
+                    // free pages back if enough are (a write that comes
+                    // meanwhile waits for the compaction).
+                    if idle_fold(&index, &labels).await {
+                        continue;
+                    }
                     if compact_after.is_none_or(|t| Instant::now() >= t) {
                         compact_after = idle_compact(&index, &labels).await;
                     }
@@ -265,29 +268,44 @@ async fn idle_vacuum(index: &Arc<Index>, step: usize, labels: &[KeyValue; 2]) ->
     }
 }
 
-/// Folds the shard's link log into its blocks if it holds enough lists.
-/// A failure is logged; the next idle moment tries again (a damaged shard
+/// Runs one step of a fold of the shard's link log into its blocks if it
+/// holds enough lists or a fold is under way; true if it ran one (the
+/// writer then looks for writes before the next step). A failure is
+/// logged and ends the idle fold until the next write (a damaged shard
 /// answers its requests with the error).
-async fn idle_fold(index: &Arc<Index>, labels: &[KeyValue; 2]) {
+async fn idle_fold(index: &Arc<Index>, labels: &[KeyValue; 2]) -> bool {
     let index = Arc::clone(index);
     let started = Instant::now();
-    let span = tracing::info_span!("fold_link_log");
+    let span = tracing::info_span!("fold_link_log_step");
     let result = tokio::task::spawn_blocking(move || {
         let _in = span.enter();
         if !index.fold_due()? {
             return Ok(None);
         }
-        index.fold_link_log().map(Some)
+        index.fold_link_log_step().map(Some)
     })
     .await;
     match result {
-        Ok(Ok(Some(o))) => {
-            metrics::get().folded_lists.add(o.lists, labels);
-            tracing::debug!(lists = o.lists, blocks = o.blocks, seconds = started.elapsed().as_secs_f64(), "link log folded");
+        Ok(Ok(Some(step))) => {
+            metrics::get().folded_lists.add(step.lists, labels);
+            tracing::debug!(
+                lists = step.lists,
+                blocks = step.blocks,
+                ended = step.ended,
+                seconds = started.elapsed().as_secs_f64(),
+                "link log fold step"
+            );
+            true
         }
-        Ok(Ok(None)) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "folding the link log failed"),
-        Err(join) => tracing::error!(error = %join, "folding the link log panicked"),
+        Ok(Ok(None)) => false,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "folding the link log failed");
+            false
+        }
+        Err(join) => {
+            tracing::error!(error = %join, "folding the link log panicked");
+            false
+        }
     }
 }
 
@@ -356,6 +374,8 @@ mod tests {
             durable: false,
             link_log: LinkLog::Always { fold_lists: 1 << 20 },
             idle_fold_ratio,
+            // A fold of several steps, each its own commit.
+            fold_step_blocks: 2,
             ..IndexOptions::default()
         };
         let index = Index::open_or_create(dir, IndexParams::new(8, Metric::Euclidean), opts).unwrap();
@@ -378,12 +398,14 @@ mod tests {
     }
 
     /// The writer folds a log past `idle_fold_ratio` as soon as it is idle,
-    /// and leaves it alone with a ratio of 0.
+    /// a step (a commit) at a time until the log is empty, and leaves it
+    /// alone with a ratio of 0.
     #[tokio::test]
     async fn an_idle_writer_folds_the_link_log_when_it_is_due() {
         let dir = tempfile::tempdir().unwrap();
         let index = index_with_logged_lists(&dir.path().join("due"), 0.01);
         let labels = crate::metrics::labels(&(shoal_proto::CollectionName::parse("c").unwrap(), 0));
+        let commits = index.stats().unwrap().commits;
         let writer = ShardWriter::spawn(Arc::clone(&index), WriterOptions::default(), labels.clone());
         let deadline = Instant::now() + Duration::from_secs(10);
         while index.stats().unwrap().link_log_lists > 0 {
@@ -391,6 +413,8 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         writer.close().await;
+        let steps = index.stats().unwrap().commits - commits;
+        assert!(steps >= 2, "the fold took {steps} commits");
 
         let index = index_with_logged_lists(&dir.path().join("off"), 0.0);
         let lists = index.stats().unwrap().link_log_lists;

@@ -26,7 +26,7 @@ mod vacuum;
 mod writer;
 
 pub use compact::CompactOutcome;
-pub use fold::FoldOutcome;
+pub use fold::{FoldOutcome, FoldStep};
 pub use options::{IndexOptions, LinkLog, Rescore};
 pub use reader::{IndexStats, Snapshot};
 pub use vacuum::VacuumOutcome;

@@ -54,7 +54,7 @@ pub use batch_log::{BatchLogRetention, LogApplied, LogEntry, LogRead};
 pub use copy::{CopyInfo, CopyMode};
 pub use digest::ContentDigest;
 pub use error::{Error, InvalidInput, Location, Rejected, Result};
-pub use index::{CompactOutcome, FoldOutcome, Index, IndexOptions, IndexStats, LinkLog, Rescore, Snapshot, VacuumOutcome};
+pub use index::{CompactOutcome, FoldOutcome, FoldStep, Index, IndexOptions, IndexStats, LinkLog, Rescore, Snapshot, VacuumOutcome};
 pub use metric::{Metric, VectorError};
 pub use params::{IndexParams, MAX_DIM};
 pub use session::{Hit, MAX_EF, MAX_K, SearchParams, StoredPoint};

@@ -27,6 +27,7 @@
 //! id, then zeros up to at least a page so that LMDB keeps the value in
 //! overflow pages of its own, which no later commit rewrites.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -51,8 +52,30 @@ pub(crate) struct LogIndex {
     chunks: Vec<Option<Arc<[u32; CHUNK]>>>,
     /// The epochs (keys) of the log's values; an entry's slot indexes this.
     values: Vec<u64>,
-    /// Records in the log, superseded ones included.
+    /// Records each value holds (parallel to `values`).
+    counts: Vec<u32>,
+    /// Records in the log, superseded and folded ones included.
     records: u64,
+    /// The fold under way, if one is.
+    pass: Option<Pass>,
+}
+
+/// A fold done a range of blocks per commit (see `docs/engine.md`, "The
+/// link log"): entries of ids below `cursor` have been folded and dropped
+/// from the index, and once `cursor` passes the last block the first
+/// `values` values hold nothing the index points at and are deleted.
+///
+/// Only the index knows a pass: the values keep the records it folded
+/// until the pass ends, and those records hold exactly what the fold
+/// wrote into their blocks (every later change of those lists is appended
+/// in a newer value). So an index opened mid-pass reads the same lists
+/// from the log that the blocks hold, and folds them again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pass {
+    /// Values being folded: the first `values` of the log.
+    pub(crate) values: usize,
+    /// The first id not folded yet (a block boundary).
+    pub(crate) cursor: u32,
 }
 
 impl LogIndex {
@@ -72,6 +95,11 @@ impl LogIndex {
         &self.values
     }
 
+    /// The fold under way, if one is.
+    pub(crate) fn pass(&self) -> Option<Pass> {
+        self.pass
+    }
+
     /// Where `id`'s newest logged list is: `(slot, record)`.
     #[inline]
     pub(crate) fn get(&self, id: u32) -> Option<(usize, usize)> {
@@ -81,15 +109,93 @@ impl LogIndex {
     }
 
     /// Every id with a logged list, ascending, with where its list is.
+    #[cfg(test)]
     pub(crate) fn entries(&self) -> impl Iterator<Item = (u32, (usize, usize))> + '_ {
-        self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
-            chunk.iter().flat_map(move |ch| {
-                ch.iter()
-                    .enumerate()
-                    .filter(|(_, e)| **e != 0)
-                    .map(move |(i, &e)| ((c * CHUNK + i) as u32, ((e >> 24) as usize - 1, (e & 0xFF_FFFF) as usize)))
+        self.entries_in(0..u32::MAX)
+    }
+
+    /// The ids of `range` with a logged list, ascending, with where each
+    /// list is. Reads only the chunks the range covers.
+    pub(crate) fn entries_in(&self, range: Range<u32>) -> impl Iterator<Item = (u32, (usize, usize))> + '_ {
+        let first = (range.start as usize / CHUNK).min(self.chunks.len());
+        let last = (range.end as usize).div_ceil(CHUNK).min(self.chunks.len()).max(first);
+        self.chunks[first..last]
+            .iter()
+            .enumerate()
+            .flat_map(move |(c, chunk)| {
+                chunk.iter().flat_map(move |ch| {
+                    ch.iter()
+                        .enumerate()
+                        .filter(|(_, e)| **e != 0)
+                        .map(move |(i, &e)| (((first + c) * CHUNK + i) as u32, ((e >> 24) as usize - 1, (e & 0xFF_FFFF) as usize)))
+                })
             })
-        })
+            .filter(move |(id, _)| range.contains(id))
+    }
+
+    /// This version with the entries of `range` dropped (their lists were
+    /// folded into their blocks) and the pass's cursor at `range.end`; a
+    /// pass starts over the log's present values if none is under way.
+    /// Ends the pass (see [`LogIndex::end_pass`]) if `end` says so.
+    pub(crate) fn folded(&self, range: Range<u32>, end: bool) -> LogIndex {
+        let mut next = self.clone();
+        let values = self.pass.map_or(self.values.len(), |p| p.values);
+        next.pass = Some(Pass { values, cursor: range.end });
+        let first = range.start as usize / CHUNK;
+        let last = (range.end as usize).div_ceil(CHUNK).min(next.chunks.len());
+        for c in first..last {
+            let lo = (c * CHUNK).max(range.start as usize);
+            let hi = ((c + 1) * CHUNK).min(range.end as usize);
+            if lo >= hi {
+                continue;
+            }
+            let Some(chunk) = next.chunks[c].as_mut() else { continue };
+            if lo == c * CHUNK && hi == (c + 1) * CHUNK {
+                next.chunks[c] = None;
+                continue;
+            }
+            if chunk[lo % CHUNK..=(hi - 1) % CHUNK].iter().any(|&e| e != 0) {
+                Arc::make_mut(chunk)[lo % CHUNK..=(hi - 1) % CHUNK].fill(0);
+            }
+        }
+        if end { next.end_pass() } else { next }
+    }
+
+    /// Ends the pass: forgets the values it folded and renumbers the slots
+    /// of the rest. Every id the pass covered had its entry dropped, and
+    /// later entries name later values, so no entry names a value it
+    /// forgets.
+    fn end_pass(mut self) -> LogIndex {
+        let Some(pass) = self.pass.take() else { return self };
+        let k = pass.values;
+        if k == 0 {
+            return self;
+        }
+        self.values.drain(..k);
+        let dropped: u64 = self.counts.drain(..k).map(u64::from).sum();
+        self.records -= dropped;
+        let shift = (k as u32) << 24;
+        for chunk in self.chunks.iter_mut().flatten() {
+            if chunk.iter().any(|&e| e != 0) {
+                for e in Arc::make_mut(chunk).iter_mut().filter(|e| **e != 0) {
+                    debug_assert!(*e >> 24 > k as u32, "an entry names a value the pass folded");
+                    *e -= shift;
+                }
+            }
+        }
+        self.chunks.iter_mut().for_each(|c| {
+            if c.as_ref().is_some_and(|c| c.iter().all(|&e| e == 0)) {
+                *c = None;
+            }
+        });
+        self
+    }
+
+    /// The epochs (keys) of the values the pass under way folds, or that a
+    /// pass starting now would (all of them): those the commit that ends
+    /// it deletes.
+    pub(crate) fn pass_values(&self) -> &[u64] {
+        &self.values[..self.pass.map_or(self.values.len(), |p| p.values)]
     }
 
     /// This version plus one more value, keyed `epoch`, whose records hold
@@ -101,6 +207,7 @@ impl LogIndex {
         let slot = next.values.len();
         debug_assert!(slot < MAX_VALUES);
         next.values.push(epoch);
+        next.counts.push(0);
         for (record, id) in ids.into_iter().enumerate() {
             debug_assert!(record < MAX_RECORDS);
             let c = id as usize / CHUNK;
@@ -111,6 +218,7 @@ impl LogIndex {
             // Copies the chunk if an older version still shares it.
             Arc::make_mut(chunk)[id as usize % CHUNK] = ((slot as u32 + 1) << 24) | record as u32;
             next.records += 1;
+            next.counts[slot] += 1;
         }
         next
     }
@@ -330,6 +438,34 @@ mod tests {
         assert_eq!(v2.values(), &[3, 4]);
         let all: Vec<_> = v2.entries().collect();
         assert_eq!(all, vec![(1, (0, 0)), (5, (1, 0)), (7, (1, 1)), (2000, (0, 2))]);
+    }
+
+    #[test]
+    fn a_pass_drops_the_ranges_it_folded_and_forgets_its_values_when_it_ends() {
+        let v2 = LogIndex::default().with_value(3, [1, 5, 2000]).with_value(4, [5, 7]);
+        assert_eq!(v2.pass(), None);
+        assert_eq!(v2.pass_values(), &[3, 4], "a pass starting now folds every value");
+        let s1 = v2.folded(0..6, false);
+        assert_eq!(s1.pass(), Some(Pass { values: 2, cursor: 6 }));
+        assert_eq!((s1.get(1), s1.get(5)), (None, None));
+        assert_eq!((s1.get(7), s1.get(2000)), (Some((1, 1)), Some((0, 2))));
+        assert_eq!(s1.records(), 5, "records stay until their values go");
+        assert_eq!(v2.get(5), Some((1, 0)), "the version before the step changed");
+        assert_eq!(s1.entries_in(6..2001).collect::<Vec<_>>(), vec![(7, (1, 1)), (2000, (0, 2))]);
+        assert_eq!(s1.entries_in(6..2000).collect::<Vec<_>>(), vec![(7, (1, 1))]);
+        // A batch appends during the pass: its value outlives the pass.
+        let s2 = s1.with_value(6, [1, 3000]);
+        assert_eq!(s2.pass_values(), &[3, 4]);
+        let s3 = s2.folded(6..2048, false);
+        assert_eq!(s3.pass(), Some(Pass { values: 2, cursor: 2048 }));
+        let end = s2.folded(6..2048, true);
+        assert_eq!(end.pass(), None);
+        assert_eq!(end.values(), &[6]);
+        assert_eq!(end.records(), 2);
+        assert_eq!(end.entries().collect::<Vec<_>>(), vec![(1, (0, 0)), (3000, (0, 1))], "slots renumbered");
+        assert_eq!(s2.get(3000), Some((2, 1)), "the version before the end changed");
+        // A pass over an empty range of a chunk changes nothing but the cursor.
+        assert_eq!(v2.folded(1500..1500, false).entries().count(), 4);
     }
 
     #[test]

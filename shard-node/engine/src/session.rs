@@ -239,6 +239,11 @@ impl Session {
         self.log.records()
     }
 
+    /// Where the link log's fold under way is, if one is.
+    pub(crate) fn log_fold_cursor(&self) -> Option<u32> {
+        self.log.pass().map(|p| p.cursor)
+    }
+
     /// Pointers copied because LMDB misaligned them (expected: none).
     pub(crate) fn unaligned_vectors(&self) -> usize {
         self.cache.unaligned_count()

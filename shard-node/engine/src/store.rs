@@ -195,32 +195,37 @@ impl Store {
         (self.env.info().last_page_number as u64 + 1) * u64::from(self.page_size())
     }
 
+    /// Bytes each table holds as of `txn` (its B-tree, leaf and overflow
+    /// pages), by name, from LMDB's per-table page counts: nothing is
+    /// scanned.
+    pub(crate) fn table_bytes(&self, txn: &RoTxn<'_, WithoutTls>) -> Result<Vec<(&'static str, u64)>> {
+        let d = &self.dbs;
+        let counts = [
+            ("meta", d.meta.pages(txn)),
+            ("vectors", d.vectors.pages(txn)),
+            ("codes", d.codes.pages(txn)),
+            ("links0", d.links0.pages(txn)),
+            ("links0_log", d.links0_log.pages(txn)),
+            ("links_up", d.links_up.pages(txn)),
+            ("nodes", d.nodes.pages(txn)),
+            ("external", d.external.pages(txn)),
+            ("payloads", d.payloads.pages(txn)),
+            ("offsets", d.offsets.pages(txn)),
+            ("batch_log", d.batch_log.pages(txn)),
+            ("retired", d.retired.pages(txn)),
+        ];
+        counts.into_iter().map(|(name, pages)| Ok((name, pages.map_err(|e| self.err(e))? * self.page))).collect()
+    }
+
     /// Bytes of the file no table holds as of `txn`: LMDB's free pages
     /// (which later commits reuse but the file never gives back) and the
     /// part past the last used page. Read from LMDB's per-table page
     /// counts, nothing is scanned. The free list's own pages and the main
     /// table (one page for a dozen names) count as free: a few pages.
     pub(crate) fn free_bytes(&self, txn: &RoTxn<'_, WithoutTls>) -> Result<u64> {
-        let d = &self.dbs;
-        let counts = [
-            d.meta.pages(txn),
-            d.vectors.pages(txn),
-            d.codes.pages(txn),
-            d.links0.pages(txn),
-            d.links0_log.pages(txn),
-            d.links_up.pages(txn),
-            d.nodes.pages(txn),
-            d.external.pages(txn),
-            d.payloads.pages(txn),
-            d.offsets.pages(txn),
-            d.batch_log.pages(txn),
-            d.retired.pages(txn),
-        ];
-        let mut held = 2; // the two meta pages
-        for c in counts {
-            held += c.map_err(|e| self.err(e))?;
-        }
-        Ok(self.disk_bytes().saturating_sub(held * self.page))
+        // The two meta pages.
+        let held = 2 * self.page + self.table_bytes(txn)?.iter().map(|(_, b)| b).sum::<u64>();
+        Ok(self.disk_bytes().saturating_sub(held))
     }
 }
 

@@ -46,6 +46,10 @@ pub struct IndexOptions {
     /// into the blocks when its writer is idle, before compacting. 0: only
     /// batches fold (past `LinkLog`'s `fold_lists`). Default 0.1.
     pub idle_fold_ratio: f64,
+    /// Bottom-layer blocks one write transaction of an idle fold rewrites
+    /// (two blocks to a 4 KiB page at M=16): what bounds the pages such a
+    /// commit dirties whatever the index's size. Default 4,096 (~8 MiB).
+    pub fold_step_blocks: u32,
     /// Files below this size are never compacted on their own: the copy
     /// would cost more than the space is worth. Default 64 MiB.
     pub compact_min_bytes: u64,
@@ -176,6 +180,7 @@ impl Default for IndexOptions {
             vacuum_ratio: 0.05,
             compact_free_ratio: 0.2,
             idle_fold_ratio: 0.1,
+            fold_step_blocks: 4096,
             compact_min_bytes: 64 << 20,
             read_ahead: false,
             max_payload_bytes: 64 << 10,

@@ -42,6 +42,10 @@ pub struct IndexStats {
     /// Bottom-layer lists in the link log, waiting for a fold (see
     /// [`LinkLog`](crate::LinkLog)); a list changed by two batches counts twice.
     pub link_log_lists: u64,
+    /// The first node id the link log's fold under way has not reached
+    /// yet, if one is under way (batches and the idle fold fold the log a
+    /// range of blocks per commit; a reopen starts over).
+    pub link_log_fold_cursor: Option<u32>,
     /// The shard's epoch (see [`Index::fence`](crate::Index::fence)).
     pub epoch: u64,
     /// Sequence number of the last applied batch (0: none yet).
@@ -56,6 +60,9 @@ pub struct IndexStats {
     /// Bytes of `data.mdb` no table holds (LMDB's free pages): what
     /// [`Index::compact`](crate::Index::compact) would give back.
     pub free_bytes: u64,
+    /// Bytes each table holds, by name (see `docs/engine.md`, "Storage
+    /// layout"): where the file goes.
+    pub table_bytes: Vec<(&'static str, u64)>,
 }
 
 impl Index {
@@ -137,12 +144,14 @@ impl Index {
             used_bytes: self.store.used_bytes(),
             commits: self.generation.load(Ordering::Acquire),
             link_log_lists: snap.session.log_records(),
+            link_log_fold_cursor: snap.session.log_fold_cursor(),
             epoch: s.shard_epoch,
             last_seq: s.last_seq,
             batch_log_first_seq: s.log_first_seq,
             batch_log_entries: s.log_entries(),
             batch_log_bytes: s.log_bytes,
             free_bytes: self.store.free_bytes(&snap.session.txn)?,
+            table_bytes: self.store.table_bytes(&snap.session.txn)?,
         })
     }
 

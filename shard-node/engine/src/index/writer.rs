@@ -2,6 +2,7 @@
 //! transaction (resolve → write points → link on nested readers → write
 //! links → batch log → commit).
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -25,6 +26,10 @@ use crate::view::Frozen;
 
 use super::exclusive::Copies;
 use super::{Index, LinkLog};
+
+/// Fewest blocks a step of the link log's pass folds: below this a step's
+/// commit costs more in bookkeeping than in pages.
+const MIN_STEP_BLOCKS: u64 = 16;
 
 impl Index {
     /// Applies one batch atomically, unfenced. Invalid input is an
@@ -683,14 +688,21 @@ impl Index {
         let next_epoch = epoch + 1;
         match self.log_decision(log, &old, first_new) {
             LogDecision::Keep => {
-                let blocks = self.patch_blocks(wtxn, first_new, &new, &LogIndex::default())?;
+                let blocks = self.patch_blocks(wtxn, first_new, &new, log, 0..0)?;
                 span.record("blocks", blocks);
                 Ok(None)
             }
-            LogDecision::Append => {
-                let _s = tracing::debug_span!("append_log", lists = old.len()).entered();
-                let blocks = self.patch_blocks(wtxn, first_new, &new, &LogIndex::default())?;
+            LogDecision::Append { step } => {
+                let _s = tracing::debug_span!("append_log", lists = old.len(), step_blocks = step).entered();
+                // A step of the pass folds a range of blocks together with
+                // the new points' blocks, each block rewritten once.
+                let (range, ends) = step.map_or((0..0, false), |blocks| self.step_range(log, first_new, blocks));
+                let blocks = self.patch_blocks(wtxn, first_new, &new, log, range.clone())?;
                 span.record("blocks", blocks);
+                let base = match step {
+                    Some(_) => self.fold_range(wtxn, log, range, ends)?,
+                    None => log.clone(),
+                };
                 // Written straight into the pages LMDB reserves: a batch's
                 // value is about a megabyte at 100k points.
                 let len = links_log::value_bytes(old.len(), m0, self.page_size);
@@ -701,13 +713,13 @@ impl Index {
                         Ok(())
                     })
                     .map_err(err)?;
-                Ok(Some(log.with_value(next_epoch, old.iter().map(|(id, _)| *id))))
+                Ok(Some(base.with_value(next_epoch, old.iter().map(|(id, _)| *id))))
             }
             LogDecision::Fold => {
                 let _s = tracing::debug_span!("fold_log", logged = log.records()).entered();
                 let mut direct = old;
                 direct.extend_from_slice(&new);
-                let blocks = self.patch_blocks(wtxn, first_new, &direct, log)?;
+                let blocks = self.patch_blocks(wtxn, first_new, &direct, log, 0..u32::MAX)?;
                 span.record("blocks", blocks);
                 if log.is_empty() {
                     return Ok(None);
@@ -721,30 +733,46 @@ impl Index {
     /// What this batch does with the changed lists of existing nodes,
     /// `old` (ascending ids), in an index of `nodes` nodes before it.
     fn log_decision(&self, log: &LogIndex, old: &[(u32, &[u32])], nodes: u32) -> LogDecision {
-        // The log never holds more lists than the index has nodes: past
-        // that it is larger than the blocks it shadows, and a fold (which
-        // rewrites at most every block) costs less than carrying it.
+        // The log holds at most twice as many lists as the index has nodes:
+        // past that it is larger than the blocks it shadows, and a fold
+        // (which rewrites at most every block) costs less than carrying it.
         let Some(fold_lists) = self.opts.link_log.fold_lists() else { return LogDecision::Fold };
-        let fold_lists = (fold_lists as u64).min(u64::from(nodes));
+        let fold_lists = (fold_lists as u64).min(u64::from(nodes)).max(1);
         if old.is_empty() {
             return LogDecision::Keep;
         }
-        if log.records() + old.len() as u64 > fold_lists
+        let lists = old.len() as u64;
+        let records = log.records() + lists;
+        if records > 2 * fold_lists
+            || (log.is_empty() && records > fold_lists)
             || log.values().len() >= links_log::MAX_VALUES
             || old.len() > links_log::MAX_RECORDS
         {
             return LogDecision::Fold;
         }
+        let list_bytes = codec::links_bytes(self.params.max_links(0)) as u64;
+        let per_block = codec::links0_block_nodes(self.params.max_links(0)) as u32;
+        let all_blocks = u64::from(nodes.div_ceil(per_block));
+        if log.pass().is_some() || records > fold_lists {
+            // A pass folds the log a range of blocks per batch, so no commit
+            // rewrites every block (at 1M points that was ~130 MiB of dirty
+            // pages in one batch). Its steps cover twice the batch's share
+            // of the blocks: the pass ends before the records it lets in
+            // take the log from `fold_lists` to twice that.
+            let step = (2 * all_blocks * lists).div_ceil(fold_lists).max(MIN_STEP_BLOCKS);
+            if log.pass().is_none() && step >= all_blocks {
+                return LogDecision::Fold;
+            }
+            return LogDecision::Append { step: Some(step.min(u64::from(u32::MAX)) as u32) };
+        }
         if matches!(self.opts.link_log, LinkLog::Always { .. }) || !log.is_empty() {
-            return LogDecision::Append;
+            return LogDecision::Append { step: None };
         }
         // With an empty log, choose by the bytes a batch costs: patching in
         // place writes the blocks it touches; appending writes the records,
         // plus its share of the fold that will rewrite (nearly) every block
         // once the log holds `fold_lists` lists. A small index has few
         // blocks and a batch touches most of them, so it keeps patching.
-        let list_bytes = codec::links_bytes(self.params.max_links(0)) as u64;
-        let per_block = codec::links0_block_nodes(self.params.max_links(0)) as u32;
         let block_bytes = list_bytes * u64::from(per_block);
         let mut touched = 0u64;
         let mut last = None;
@@ -754,16 +782,36 @@ impl Index {
                 last = Some(id / per_block);
             }
         }
-        let lists = old.len() as u64;
-        let all_blocks = u64::from(nodes.div_ceil(per_block));
-        // `fold_lists` ≥ `lists` ≥ 1 here (checked above).
         let append = lists * links_log::record_bytes(list_bytes as usize) as u64 + all_blocks * block_bytes * lists / fold_lists;
-        if touched * block_bytes <= append { LogDecision::Fold } else { LogDecision::Append }
+        if touched * block_bytes <= append { LogDecision::Fold } else { LogDecision::Append { step: None } }
+    }
+
+    /// The ids the next step of the log's pass folds (a new pass starts at
+    /// id 0): `step_blocks` blocks from its cursor, in an index of `nodes`
+    /// nodes. True if the step reaches the last node, ending the pass.
+    pub(super) fn step_range(&self, log: &LogIndex, nodes: u32, step_blocks: u32) -> (Range<u32>, bool) {
+        let per_block = codec::links0_block_nodes(self.params.max_links(0)) as u64;
+        let start = log.pass().map_or(0, |p| p.cursor).min(nodes);
+        let end = (u64::from(start) + u64::from(step_blocks.max(1)) * per_block).min(u64::from(nodes)) as u32;
+        (start..end, end >= nodes)
+    }
+
+    /// The log's next version after a step of its pass folded `range`
+    /// (already patched into the blocks); a step that `ends` the pass also
+    /// deletes the values it folded.
+    pub(super) fn fold_range(&self, wtxn: &mut RwTxn<'_>, log: &LogIndex, range: Range<u32>, ends: bool) -> Result<LogIndex, Attempt> {
+        if ends {
+            for &epoch in log.pass_values() {
+                self.store.dbs.links0_log.delete(wtxn, epoch).map_err(|e| attempt(&self.store, e))?;
+            }
+        }
+        Ok(log.folded(range, ends))
     }
 
     /// Patches bottom-layer lists into their blocks: `direct` (ascending
-    /// ids), and every list the log version `fold` holds that `direct`
-    /// does not replace (an empty version when not folding). Blocks are read, patched and rewritten
+    /// ids), and every list of an id in `range` that the log version `fold`
+    /// holds and `direct` does not replace (an empty range when not
+    /// folding). Blocks are read, patched and rewritten
     /// once each, in key order; blocks past the ones that existed before
     /// `first_new` are appended. Returns how many blocks were written.
     pub(super) fn patch_blocks(
@@ -772,6 +820,7 @@ impl Index {
         first_new: u32,
         direct: &[(u32, &[u32])],
         fold: &LogIndex,
+        range: Range<u32>,
     ) -> Result<usize, Attempt> {
         // Lists are gathered a round at a time, as bytes, because the
         // logged ones are read from values of this very transaction, which
@@ -785,7 +834,7 @@ impl Index {
         let list_len = codec::links_bytes(m0);
         // Blocks that held no node before this batch do not exist yet.
         let first_unwritten_block = first_new.div_ceil(per_block);
-        let mut logged = fold.entries().peekable();
+        let mut logged = fold.entries_in(range).peekable();
         let mut direct = direct.iter().peekable();
         let mut round: Vec<u32> = Vec::with_capacity(ROUND);
         let mut bytes: Vec<u8> = Vec::with_capacity(ROUND * list_len);
@@ -915,8 +964,9 @@ struct Linked {
 enum LogDecision {
     /// It changed none: the log stays as it is.
     Keep,
-    /// Append them to the log as one value.
-    Append,
+    /// Append them to the log as one value, and fold the given number of
+    /// blocks of the log's pass (starting one if none is under way).
+    Append { step: Option<u32> },
     /// Patch them and everything the log holds into the blocks, and empty
     /// the log (with an empty log: plain patching in place).
     Fold,

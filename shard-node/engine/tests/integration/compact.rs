@@ -91,6 +91,13 @@ fn compaction_gives_free_pages_back_and_keeps_every_point() {
     let after = fx.index.stats().unwrap();
     assert_eq!(after.disk_bytes, o.bytes_after);
     assert!(fx.index.free_bytes().unwrap() <= 16 * 4096, "free pages left: {}", fx.index.free_bytes().unwrap());
+    // The tables and the free pages account for the whole file (two meta
+    // pages aside), and every table the points live in holds pages.
+    let tables: u64 = after.table_bytes.iter().map(|(_, b)| b).sum();
+    assert_eq!(tables + after.free_bytes + 2 * 4096, after.disk_bytes, "{:?}", after.table_bytes);
+    for name in ["vectors", "codes", "links0", "nodes", "external", "payloads", "batch_log"] {
+        assert!(after.table_bytes.iter().any(|(t, b)| *t == name && *b > 0), "{name}: {:?}", after.table_bytes);
+    }
     assert_eq!((after.live, after.tombstones, after.last_seq), (before.live, before.tombstones, before.last_seq));
     assert_eq!(fx.index.snapshot().unwrap().digest().unwrap(), digest, "the same points, vectors and payloads");
     assert_eq!(answers(&fx.index), found, "the same answers");

@@ -192,6 +192,78 @@ fn an_idle_fold_empties_the_link_log_and_changes_no_answer() {
     assert!(!fx.index.fold_due().unwrap());
 }
 
+/// Past `fold_lists` the link log is folded a range of blocks per commit
+/// (a pass), by batches and by the idle fold: searches answer as before,
+/// a pass that batches end leaves their newer lists in the log, and an
+/// index reopened mid-pass (the folded records still in the log, equal
+/// to their blocks) answers the same and folds again.
+#[test]
+fn the_link_log_is_folded_a_range_of_blocks_per_commit() {
+    let mut rng = rng("the_link_log_is_folded_a_range_of_blocks_per_commit");
+    let dim = 16;
+    let opts = IndexOptions { link_log: LinkLog::Always { fold_lists: 3000 }, fold_step_blocks: 3, idle_fold_ratio: 0.0, ..test_options() };
+    let fx = Fixture::with(IndexParams::new(dim as u32, Metric::Euclidean), opts.clone());
+    fx.index.apply(random_batch(&mut rng, dim, 0..4000)).unwrap();
+    let queries: Vec<Vec<f32>> = (0..20).map(|_| random_vector(&mut rng, dim)).collect();
+    let answers = |snap: &mut shoal_engine::Snapshot<'_>| -> Vec<Vec<(u64, f32)>> {
+        queries.iter().map(|q| snap.search(q, SearchParams::new(10, 80)).unwrap().iter().map(|h| (h.id, h.distance)).collect()).collect()
+    };
+    // Batches of upserts until one ends a pass: the cursor moves forward
+    // a step per batch, and the end drops the folded values but keeps the
+    // lists logged during the pass.
+    let stats = |fx: &Fixture| fx.index.stats().unwrap();
+    let (mut cursors, mut ended) = (Vec::new(), false);
+    for b in 0..100u64 {
+        let before = stats(&fx);
+        let mut held = fx.index.snapshot().unwrap();
+        let want = answers(&mut held);
+        fx.index.apply(random_batch(&mut rng, dim, (b * 397 % 3900)..(b * 397 % 3900) + 5)).unwrap();
+        assert_eq!(answers(&mut held), want, "a snapshot held across batch {b} changed");
+        let after = stats(&fx);
+        if let Some(c) = after.link_log_fold_cursor {
+            assert!(c < 4000, "the cursor {c} is past the index");
+            if let Some(&last) = cursors.last() {
+                assert!(c > last, "the cursor went from {last} to {c}");
+            }
+            cursors.push(c);
+        } else if before.link_log_fold_cursor.is_some() {
+            assert!(after.link_log_lists < before.link_log_lists, "a pass ended without dropping a value");
+            assert!(after.link_log_lists > 0, "the pass dropped the lists logged during it");
+            ended = true;
+            break;
+        }
+        assert!(after.link_log_lists <= 6000, "the log holds {} lists", after.link_log_lists);
+    }
+    assert!(ended && cursors.len() >= 2, "no pass of several steps ended: cursors {cursors:?}");
+    // Mid-pass: the next batches start one; reopen in the middle.
+    let mut b = 100u64;
+    while stats(&fx).link_log_fold_cursor.is_none() {
+        assert!(b < 200, "no pass started again");
+        fx.index.apply(random_batch(&mut rng, dim, (b * 397 % 3900)..(b * 397 % 3900) + 5)).unwrap();
+        b += 1;
+    }
+    let lists = stats(&fx).link_log_lists;
+    let before = answers(&mut fx.index.snapshot().unwrap());
+    let fx = fx.reopen(opts.clone());
+    assert_eq!(stats(&fx).link_log_fold_cursor, None, "a reopen starts the pass over");
+    assert_eq!(stats(&fx).link_log_lists, lists, "records were lost or found");
+    assert_eq!(answers(&mut fx.index.snapshot().unwrap()), before, "the reopen changed an answer");
+    // The idle fold: several commits of at most 3 blocks each, then an
+    // empty log and the same answers.
+    let commits = stats(&fx).commits;
+    let mut held = fx.index.snapshot().unwrap();
+    let folded = fx.index.fold_link_log().unwrap();
+    let steps = stats(&fx).commits - commits;
+    assert_eq!(folded.lists, lists);
+    assert!(steps >= 2 && folded.blocks <= 3 * steps, "{} blocks in {steps} commits", folded.blocks);
+    assert_eq!(stats(&fx).link_log_lists, 0);
+    assert_eq!(answers(&mut fx.index.snapshot().unwrap()), before, "the fold changed an answer");
+    assert_eq!(answers(&mut held), before, "a snapshot held across the fold changed");
+    drop(held);
+    let fx = fx.reopen(opts);
+    assert_eq!(answers(&mut fx.index.snapshot().unwrap()), before);
+}
+
 /// The points a batch upserts.
 fn upserted(batch: &Batch) -> Vec<(u64, Vec<f32>)> {
     batch
