@@ -250,6 +250,15 @@ pub(crate) fn run(a: Args) -> Result<()> {
                 idx.apply(read_batch(&base, s, e)?)?;
                 s = e;
             }
+            // Where the file goes at this size, before the inserts.
+            let built = idx.stats()?;
+            let tables: serde_json::Map<_, _> = built.table_bytes.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
+            eprintln!(
+                "{size} built: {} MiB on disk, {} MiB free; tables {:?}",
+                built.disk_bytes >> 20,
+                built.free_bytes >> 20,
+                built.table_bytes
+            );
             let idx = if a.reopen_before_insert {
                 drop(idx);
                 Index::open(&d, opts.clone())?
@@ -289,7 +298,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
             incremental.push(json!({"base": size, "added": added, "ms_per_vector": round(ms, 4), "samples": samples,
                                     "mean_ms_per_vector": round(mean, 4), "link_log_lists": log_lists,
                                     "peak_rss_anon_bytes": peak, "rss_anon_before_bytes": before,
-                                    "idle_fold": idle_fold}));
+                                    "idle_fold": idle_fold, "built_disk_bytes": built.disk_bytes,
+                                    "built_free_bytes": built.free_bytes, "built_table_bytes": tables}));
             drop(idx);
             std::fs::remove_dir_all(&d).ok();
         }

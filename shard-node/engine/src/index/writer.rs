@@ -27,10 +27,6 @@ use crate::view::Frozen;
 use super::exclusive::Copies;
 use super::{Index, LinkLog};
 
-/// Fewest blocks a step of the link log's pass folds: below this a step's
-/// commit costs more in bookkeeping than in pages.
-const MIN_STEP_BLOCKS: u64 = 16;
-
 impl Index {
     /// Applies one batch atomically, unfenced. Invalid input is an
     /// [`Error::Invalid`](crate::Error::Invalid) and changes nothing.
@@ -758,8 +754,9 @@ impl Index {
             // rewrites every block (at 1M points that was ~130 MiB of dirty
             // pages in one batch). Its steps cover twice the batch's share
             // of the blocks: the pass ends before the records it lets in
-            // take the log from `fold_lists` to twice that.
-            let step = (2 * all_blocks * lists).div_ceil(fold_lists).max(MIN_STEP_BLOCKS);
+            // take the log from `fold_lists` to twice that. A pass that
+            // would end in its first step is a fold.
+            let step = (2 * all_blocks * lists).div_ceil(fold_lists).max(1);
             if log.pass().is_none() && step >= all_blocks {
                 return LogDecision::Fold;
             }
