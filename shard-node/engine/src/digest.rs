@@ -15,6 +15,7 @@ use heed::{RoTxn, WithoutTls};
 
 use crate::codec;
 use crate::error::{Error, Result};
+use crate::params::IndexParams;
 use crate::store::Store;
 
 /// What [`crate::Snapshot::digest`] returns.
@@ -33,7 +34,8 @@ impl ContentDigest {
     }
 }
 
-pub(crate) fn content_digest(store: &Store, txn: &RoTxn<'_, WithoutTls>, vector_bytes: usize) -> Result<ContentDigest> {
+pub(crate) fn content_digest(store: &Store, txn: &RoTxn<'_, WithoutTls>, params: &IndexParams) -> Result<ContentDigest> {
+    let (vector_bytes, per_block) = (params.vector_bytes(), params.vectors_per_block());
     let corrupt = |detail: String| Error::Corrupt { path: store.path.clone(), detail };
     let mut hasher = blake3::Hasher::new();
     let mut points = 0u64;
@@ -42,17 +44,19 @@ pub(crate) fn content_digest(store: &Store, txn: &RoTxn<'_, WithoutTls>, vector_
     for item in store.dbs.external.iter(txn).map_err(|e| store.err(e))? {
         let (external, internal) = item.map_err(|e| store.err(e))?;
         let internal = codec::decode_mapped_id(internal).ok_or_else(|| corrupt(format!("id map entry {external} is malformed")))?;
-        let vector = store
+        let (block, slot) = (internal / per_block, (internal % per_block) as usize);
+        let values = store
             .dbs
             .vectors
-            .get(txn, internal)
+            .get(txn, block)
             .map_err(|e| store.err(e))?
-            .ok_or_else(|| corrupt(format!("live point {internal} has no vector")))?;
+            .ok_or_else(|| corrupt(format!("the vector block of live point {internal} is missing")))?;
         // Checked before they are read: a damaged length would run the
         // hash past the end of the map.
-        if vector.len() != vector_bytes {
-            return Err(corrupt(format!("vector of node {internal} has {} bytes, expected {vector_bytes}", vector.len())));
-        }
+        let vector = values
+            .get(slot * vector_bytes..(slot + 1) * vector_bytes)
+            .filter(|_| values.len() % vector_bytes == 0 && values.len() <= per_block as usize * vector_bytes)
+            .ok_or_else(|| corrupt(format!("vector block {block} (of node {internal}) has {} bytes", values.len())))?;
         let payload = store.dbs.payloads.get(txn, internal).map_err(|e| store.err(e))?;
         if let Some(p) = payload {
             store.check_len(p.len(), || format!("the payload of node {internal}"))?;

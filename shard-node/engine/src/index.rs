@@ -142,11 +142,18 @@ impl Index {
             )),
         };
         let page = store.page_size() as usize;
-        let lag = |bytes| codec::values_per_leaf(bytes, page) as u32 + 1;
-        // Code blocks live in overflow pages that move only while the block
-        // is the newest, partial one.
-        let codes_lag = params.codes_per_block() + 1;
-        let shared = SharedAddrs::new(opts.shared_cache_bytes, codes_lag, lag(params.vector_bytes()));
+        // Code and vector blocks live in overflow pages that move only while
+        // the block is the newest, partial one; a block small enough to sit
+        // in a leaf (large pages, tiny values) also moves while it shares
+        // the newest leaf.
+        let lag = |per_block: u32, bytes: usize| {
+            per_block.saturating_mul(codec::values_per_leaf(per_block as usize * bytes, page) as u32).saturating_add(1)
+        };
+        let shared = SharedAddrs::new(
+            opts.shared_cache_bytes,
+            lag(params.codes_per_block(), params.code_bytes()),
+            lag(params.vectors_per_block(), params.vector_bytes()),
+        );
         let log = {
             let txn = store.env.read_txn().map_err(|e| store.err(e))?;
             let state = session::read_state(&store, &txn)?;
@@ -177,7 +184,7 @@ impl Index {
         let stored = store.dbs.meta.get(&wtxn, codec::META_PARAMS).map_err(|e| store.err(e))?.map(<[u8]>::to_vec);
         match (stored, missing) {
             (Some(bytes), _) => {
-                let found = codec::decode_params(&bytes).map_err(|e| match e {
+                let (version, found) = codec::decode_params(&bytes).map_err(|e| match e {
                     codec::ParamsDecodeError::Version(found) => {
                         Error::UnsupportedFormat { path: store.path.clone(), found, supported: codec::FORMAT_VERSION }
                     }
@@ -198,7 +205,14 @@ impl Index {
                         requested: requested.to_string(),
                     });
                 }
-                wtxn.abort();
+                if version < codec::FORMAT_VERSION {
+                    crate::migrate::to_current(store, &mut wtxn, &found, version)?;
+                    store.dbs.meta.put(&mut wtxn, codec::META_PARAMS, &codec::encode_params(&found)).map_err(|e| store.err(e))?;
+                    wtxn.commit().map_err(|e| store.err(e))?;
+                    tracing::info!(path = %store.path.display(), from = version, to = codec::FORMAT_VERSION, "migrated the index's on-disk format");
+                } else {
+                    wtxn.abort();
+                }
                 Ok(found)
             }
             (None, Missing::Create(params, epoch)) => {
@@ -363,6 +377,35 @@ mod tests {
             Err(Error::Corrupt { detail, .. }) => assert!(detail.contains("code block 1"), "{detail}"),
             other => panic!("expected a corruption error, got {other:?}"),
         }
+    }
+
+    /// Likewise a vector block: a search re-scores with exact vectors, a
+    /// `get` returns one, and the content digest hashes them.
+    #[test]
+    fn a_truncated_vector_block_is_reported_as_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = IndexOptions { build_threads: 1, durable: false, ..IndexOptions::default() };
+        let index = Index::open_or_create(dir.path(), IndexParams::new(384, crate::Metric::Cosine), opts.clone()).unwrap();
+        let block = u64::from(index.params.vectors_per_block());
+        let vector = |i: u64| (0..384).map(|j| ((i + 1) * (j + 3) % 17) as f32 - 8.0).collect::<Vec<f32>>();
+        index.apply(Batch::upserts((0..3 * block).map(|i| (i, vector(i))))).unwrap();
+        drop(index);
+        let index = Index::open(dir.path(), opts).unwrap();
+        {
+            let mut wtxn = index.store.env.write_txn().unwrap();
+            let short = index.store.dbs.vectors.get(&wtxn, 1).unwrap().unwrap()[..2 * 384 * 4].to_vec();
+            index.store.dbs.vectors.put(&mut wtxn, 1, &short).unwrap();
+            wtxn.commit().unwrap();
+        }
+        let expect_corrupt = |what: &str, got: Result<()>| match got {
+            Err(Error::Corrupt { detail, .. }) => assert!(detail.contains("vector block 1"), "{what}: {detail}"),
+            other => panic!("{what}: expected a corruption error, got {other:?}"),
+        };
+        // The last id of block 1 is past the two vectors left in it.
+        let last = 2 * block - 1;
+        expect_corrupt("get", index.get(last).map(drop));
+        expect_corrupt("search", index.search(&vector(last), SearchParams::new(10, 200)).map(drop));
+        expect_corrupt("digest", index.snapshot().and_then(|s| s.digest()).map(drop));
     }
 
     /// A damaged link log is reported when the index opens, naming the
@@ -558,11 +601,10 @@ mod tests {
                 let txn = index.store.env.read_txn().unwrap();
                 let state = session::read_state(&index.store, &txn).unwrap();
                 let mut checked = 0;
-                // The codes table is keyed by block, the vectors one by id,
-                // each like its database.
+                // Both tables are keyed by block, like their databases.
                 let code_block = |block| index.store.dbs.codes.get(&txn, block).unwrap().unwrap().as_ptr() as usize;
-                let vector = |id| index.store.dbs.vectors.get(&txn, id).unwrap().unwrap().as_ptr() as usize;
-                let fresh: [&dyn Fn(u32) -> usize; 2] = [&code_block, &vector];
+                let vector_block = |block| index.store.dbs.vectors.get(&txn, block).unwrap().unwrap().as_ptr() as usize;
+                let fresh: [&dyn Fn(u32) -> usize; 2] = [&code_block, &vector_block];
                 for (table, fresh) in [&shared.codes, &shared.vectors].into_iter().zip(fresh) {
                     for id in 0..state.next_id {
                         let addr = table.get(id);

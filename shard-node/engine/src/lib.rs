@@ -38,6 +38,7 @@ mod index;
 mod links_log;
 mod locality;
 mod metric;
+mod migrate;
 mod nibble;
 mod params;
 mod plan;

@@ -231,7 +231,7 @@ impl Session {
 
     /// The digest of every live point as of this session's commit.
     pub(crate) fn digest(&self, store: &Store, params: &IndexParams) -> Result<crate::ContentDigest> {
-        crate::digest::content_digest(store, &self.txn, params.vector_bytes())
+        crate::digest::content_digest(store, &self.txn, params)
     }
 
     /// Lists in the link log as of this session's commit.

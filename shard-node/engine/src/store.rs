@@ -13,8 +13,9 @@ use crate::table::{Block, Epoch, ExternalId, InternalId, LevelId, LogPart, Malfo
 pub(crate) struct Dbs {
     /// `params`, `state`.
     pub(crate) meta: Table<Name>,
-    /// internal id → prepared vector (dim × f32 LE).
-    pub(crate) vectors: Table<InternalId>,
+    /// block number → the prepared vectors (dim × f32 LE each) of its ids
+    /// (`codec::vectors_block_nodes`).
+    pub(crate) vectors: Table<Block>,
     /// block number → the codes (see `quant`) of its ids
     /// (`codec::codes_block_nodes`), what the graph is walked with.
     pub(crate) codes: Table<Block>,
@@ -201,18 +202,18 @@ impl Store {
     pub(crate) fn table_bytes(&self, txn: &RoTxn<'_, WithoutTls>) -> Result<Vec<(&'static str, u64)>> {
         let d = &self.dbs;
         let counts = [
-            ("meta", d.meta.pages(txn)),
-            ("vectors", d.vectors.pages(txn)),
-            ("codes", d.codes.pages(txn)),
-            ("links0", d.links0.pages(txn)),
-            ("links0_log", d.links0_log.pages(txn)),
-            ("links_up", d.links_up.pages(txn)),
-            ("nodes", d.nodes.pages(txn)),
-            ("external", d.external.pages(txn)),
-            ("payloads", d.payloads.pages(txn)),
-            ("offsets", d.offsets.pages(txn)),
-            ("batch_log", d.batch_log.pages(txn)),
-            ("retired", d.retired.pages(txn)),
+            d.meta.pages_named(txn),
+            d.vectors.pages_named(txn),
+            d.codes.pages_named(txn),
+            d.links0.pages_named(txn),
+            d.links0_log.pages_named(txn),
+            d.links_up.pages_named(txn),
+            d.nodes.pages_named(txn),
+            d.external.pages_named(txn),
+            d.payloads.pages_named(txn),
+            d.offsets.pages_named(txn),
+            d.batch_log.pages_named(txn),
+            d.retired.pages_named(txn),
         ];
         counts.into_iter().map(|(name, pages)| Ok((name, pages.map_err(|e| self.err(e))? * self.page))).collect()
     }

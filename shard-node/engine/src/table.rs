@@ -279,6 +279,17 @@ impl<K: TableKey> Table<K> {
         Ok((s.branch_pages + s.leaf_pages + s.overflow_pages) as u64)
     }
 
+    /// The name the table was opened under.
+    pub(crate) fn name(self) -> &'static str {
+        self.name
+    }
+
+    /// [`Table::pages`] beside the table's name, so that a report by table
+    /// takes the names from where the tables were opened.
+    pub(crate) fn pages_named(self, txn: &RoTxn) -> (&'static str, heed::Result<u64>) {
+        (self.name, self.pages(txn))
+    }
+
     pub(crate) fn clear(self, txn: &mut RwTxn) -> heed::Result<()> {
         self.db.clear(txn)
     }

@@ -12,7 +12,7 @@
 use heed::{RoTxn, WithoutTls};
 use rustc_hash::FxHashMap;
 
-use crate::cache::{DenseTable, RawPtr, SharedAddrs};
+use crate::cache::{DenseTable, RawPtr, SharedAddrs, SharedTable};
 use crate::codec::{self, NodeRecord};
 use crate::error::{Error, Result};
 use crate::links_log::{self, LogIndex};
@@ -26,7 +26,8 @@ use crate::tombstone_set::TombstoneSet;
 pub(crate) struct NodeCache {
     /// Keyed by block (see `codec::codes_block_nodes`).
     codes: DenseTable<BlockPtr>,
-    vectors: DenseTable<RawPtr>,
+    /// Keyed by block (see `codec::vectors_block_nodes`).
+    vectors: DenseTable<BlockPtr>,
     /// Keyed by block (see `codec::links0_block_nodes`).
     links0: DenseTable<RawPtr>,
     nodes: DenseTable<RawPtr>,
@@ -34,10 +35,12 @@ pub(crate) struct NodeCache {
     /// Per slot of the transaction's link log version: where the value's
     /// records start, and how many it holds.
     log_values: Vec<(RawPtr, u32)>,
-    /// Copies of vectors that LMDB did not place on a 4-byte boundary. With
-    /// fixed-size values and 4-byte keys every vector is aligned (see
-    /// `docs/engine.md`), so this stays empty; it exists so that a layout
-    /// surprise costs speed, not correctness.
+    /// Copies of vectors that LMDB did not place on a 4-byte boundary. A
+    /// block in overflow pages starts 16 bytes into its first page, and a
+    /// partial one inline in a leaf is a multiple of 4 bytes under a 4-byte
+    /// key, so every vector is aligned (see `docs/engine.md`) and this stays
+    /// empty; it exists so that a layout surprise costs speed, not
+    /// correctness.
     unaligned: Vec<Box<[f32]>>,
 }
 
@@ -92,17 +95,16 @@ pub(crate) trait Graph<'g> {
     fn prefetch_links(&mut self, _id: u32, _level: u8) {}
 }
 
-/// Addresses of codes and vectors that stay valid across transactions.
+/// Addresses of code and vector blocks that stay valid across transactions.
 ///
-/// Vectors are never rewritten and only ever appended under growing ids,
-/// so every leaf page of their database except the rightmost one is never
-/// copied-on-write, never freed and never moves while the map stays where
-/// it is. Codes are appended in blocks (`codec::codes_block_nodes`), each
-/// one value in its own overflow pages; only the newest, partial block is
-/// ever rewritten, so a full block's pages never move either. Addresses of
-/// ids well below the newest committed one can therefore be remembered for
-/// the life of the map and shared by all threads; the index clears the
-/// tables before it remaps (`Env::resize`).
+/// Codes and vectors are appended in blocks (`codec::codes_block_nodes`,
+/// `codec::vectors_block_nodes`), each one value in its own overflow pages;
+/// only the newest, partial block is ever rewritten (and blocks holding
+/// reused slots, after which the shared addresses are dropped: see
+/// `Index::moved`), so a full block's pages never move. Addresses of ids
+/// well below the newest committed one can therefore be remembered for the
+/// life of the map and shared by all threads; the index clears the tables
+/// before it remaps (`Env::resize`).
 #[derive(Clone, Copy)]
 pub(crate) struct Frozen<'a> {
     pub(crate) shared: &'a SharedAddrs,
@@ -113,11 +115,12 @@ pub(crate) struct Frozen<'a> {
     /// uncommitted transaction sees these ids in the map.
     codes_below: u32,
     vectors_below: u32,
-    /// Code blocks below `codes_below` that the write transaction rewrote
-    /// (ids it reuses), ascending: read through the transaction, never
-    /// shared, because their committed pages hold the old codes and the
-    /// transaction's copies die with it.
+    /// Code and vector blocks below these bounds that the write transaction
+    /// rewrote (ids it reuses), ascending: read through the transaction,
+    /// never shared, because their committed pages hold the old values and
+    /// the transaction's copies die with it.
     dirty_codes: &'a [u32],
+    dirty_vectors: &'a [u32],
 }
 
 impl<'a> Frozen<'a> {
@@ -128,19 +131,46 @@ impl<'a> Frozen<'a> {
             codes_below: next_id.saturating_sub(shared.codes.lag()),
             vectors_below: next_id.saturating_sub(shared.vectors.lag()),
             dirty_codes: &[],
+            dirty_vectors: &[],
         }
     }
 
-    /// The same, with the code blocks a write transaction rewrote below
-    /// the frozen bound (ascending).
-    pub(crate) fn with_dirty_codes(self, dirty_codes: &'a [u32]) -> Self {
-        Frozen { dirty_codes, ..self }
+    /// The same, with the code and vector blocks a write transaction
+    /// rewrote below the frozen bounds (each ascending).
+    pub(crate) fn with_dirty_blocks(self, dirty_codes: &'a [u32], dirty_vectors: &'a [u32]) -> Self {
+        Frozen { dirty_codes, dirty_vectors, ..self }
     }
 
     #[inline]
-    fn shares_code_block(&self, id: u32, block: u32) -> bool {
-        id < self.codes_below && (self.dirty_codes.is_empty() || self.dirty_codes.binary_search(&block).is_err())
+    fn shares_block(&self, kind: Blocks, id: u32, block: u32) -> bool {
+        let (below, dirty) = match kind {
+            Blocks::Codes => (self.codes_below, self.dirty_codes),
+            Blocks::Vectors => (self.vectors_below, self.dirty_vectors),
+        };
+        id < below && (dirty.is_empty() || dirty.binary_search(&block).is_err())
     }
+
+    #[inline]
+    fn table(&self, kind: Blocks) -> &'a SharedTable {
+        match kind {
+            Blocks::Codes => &self.shared.codes,
+            Blocks::Vectors => &self.shared.vectors,
+        }
+    }
+}
+
+/// The tables of fixed-size values stored in blocks of consecutive ids.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Blocks {
+    Codes,
+    Vectors,
+}
+
+/// How one such table is laid out.
+#[derive(Clone, Copy)]
+struct BlockLayout {
+    per_block: u32,
+    value_bytes: usize,
 }
 
 /// Reads through `txn`, memoising pointers in `cache`.
@@ -156,9 +186,8 @@ pub(crate) struct TxnView<'t> {
     /// records answer.
     tombstones: Option<&'t TombstoneSet>,
     dim: usize,
-    code_bytes: usize,
-    codes_block: u32,
-    vector_bytes: usize,
+    codes: BlockLayout,
+    vectors: BlockLayout,
     links0_bytes: usize,
     links0_block: u32,
     links_up_bytes: usize,
@@ -187,9 +216,8 @@ impl<'t> TxnView<'t> {
             log,
             tombstones: None,
             dim: params.dim as usize,
-            code_bytes: params.code_bytes(),
-            codes_block: params.codes_per_block(),
-            vector_bytes: params.vector_bytes(),
+            codes: BlockLayout { per_block: params.codes_per_block(), value_bytes: params.code_bytes() },
+            vectors: BlockLayout { per_block: params.vectors_per_block(), value_bytes: params.vector_bytes() },
             links0_bytes: codec::links_bytes(m0),
             links0_block: codec::links0_block_nodes(m0) as u32,
             links_up_bytes: codec::links_bytes(params.max_links(1)),
@@ -240,22 +268,31 @@ impl<'t> TxnView<'t> {
     /// one entry per block of 31 codes is 26 KB at 100k points, where one
     /// per code (800 KB) missed the L2 cache on every lookup and made that
     /// step twice as slow at 100k as at 10k (see `docs/engine.md`).
+    #[inline]
+    fn code_ptr(&mut self, id: u32) -> Result<*const u8> {
+        self.block_value(Blocks::Codes, id)
+    }
+
+    /// The address of `id`'s value in a table of `kind`: its block's plus
+    /// its slot.
     ///
     /// A block is frozen once every id in it is older than the lag (see
     /// `Index::open`): it is then full and never rewritten, so the shared
     /// table keeps only its address. Newer blocks, the newest of which is
     /// partial, are memoised per transaction with their length.
-    fn code_ptr(&mut self, id: u32) -> Result<*const u8> {
-        let (block, slot) = (id / self.codes_block, id % self.codes_block);
-        let offset = slot as usize * self.code_bytes;
-        let frozen = self.frozen.filter(|f| f.shares_code_block(id, block));
+    #[inline]
+    fn block_value(&mut self, kind: Blocks, id: u32) -> Result<*const u8> {
+        let layout = self.layout(kind);
+        let (block, slot) = (id / layout.per_block, id % layout.per_block);
+        let offset = slot as usize * layout.value_bytes;
+        let frozen = self.frozen.filter(|f| f.shares_block(kind, id, block));
         if let Some(f) = frozen {
-            let addr = f.shared.codes.get(block);
+            let addr = f.table(kind).get(block);
             if addr != 0 {
                 return Ok((addr + offset) as *const u8);
             }
         }
-        let cached = self.cache.codes.get(block);
+        let cached = self.blocks(kind).get(block);
         if let Some(p) = cached.start.get()
             && slot < cached.len
         {
@@ -263,60 +300,62 @@ impl<'t> TxnView<'t> {
             // when it was read through this transaction).
             return Ok(unsafe { p.add(offset) });
         }
-        let (p, len) = self.fetch_block(block, slot, id)?;
-        let full = len == self.codes_block;
-        if !(full && frozen.is_some_and(|f| f.shared.codes.set(block, p as usize))) {
-            *self.cache.codes.slot(block) = BlockPtr { start: RawPtr::new(p), len };
+        let (p, len) = self.fetch_block(kind, block, slot, id)?;
+        let full = len == layout.per_block;
+        if !(full && frozen.is_some_and(|f| f.table(kind).set(block, p as usize))) {
+            *self.blocks(kind).slot(block) = BlockPtr { start: RawPtr::new(p), len };
         }
         // SAFETY: fetch_block checked that the slot is inside the block.
         Ok(unsafe { p.add(offset) })
     }
 
-    /// The start of code block `block` and the codes it holds, checking
-    /// that it holds `slot` and no more than a block's worth.
-    fn fetch_block(&self, block: u32, slot: u32, id: u32) -> Result<(*const u8, u32)> {
-        let bytes = self.code_bytes;
-        match self.store.dbs.codes.get(self.txn, block).map_err(|e| self.store.err(e))? {
-            Some(b) if b.len() % bytes == 0 && b.len() / bytes > slot as usize && b.len() / bytes <= self.codes_block as usize => {
+    #[inline]
+    fn layout(&self, kind: Blocks) -> BlockLayout {
+        match kind {
+            Blocks::Codes => self.codes,
+            Blocks::Vectors => self.vectors,
+        }
+    }
+
+    #[inline]
+    fn blocks(&mut self, kind: Blocks) -> &mut DenseTable<BlockPtr> {
+        match kind {
+            Blocks::Codes => &mut self.cache.codes,
+            Blocks::Vectors => &mut self.cache.vectors,
+        }
+    }
+
+    /// The start of block `block` of a table of `kind` and the values it
+    /// holds, checking that it holds `slot` and no more than a block's
+    /// worth.
+    fn fetch_block(&self, kind: Blocks, block: u32, slot: u32, id: u32) -> Result<(*const u8, u32)> {
+        let BlockLayout { per_block, value_bytes: bytes } = self.layout(kind);
+        let (table, what) = match kind {
+            Blocks::Codes => (self.store.dbs.codes, "code"),
+            Blocks::Vectors => (self.store.dbs.vectors, "vector"),
+        };
+        match table.get(self.txn, block).map_err(|e| self.store.err(e))? {
+            Some(b) if b.len() % bytes == 0 && b.len() / bytes > slot as usize && b.len() / bytes <= per_block as usize => {
                 Ok((b.as_ptr(), (b.len() / bytes) as u32))
             }
-            Some(b) => Err(self.corrupt(format!("code block {block} (of node {id}) has {} bytes", b.len()))),
-            None => Err(self.corrupt(format!("code block {block} (of node {id}) is missing"))),
+            Some(b) => Err(self.corrupt(format!("{what} block {block} (of node {id}) has {} bytes", b.len()))),
+            None => Err(self.corrupt(format!("{what} block {block} (of node {id}) is missing"))),
         }
     }
 
     fn vector_ptr(&mut self, id: u32) -> Result<*const f32> {
-        let frozen = self.frozen.filter(|f| id < f.vectors_below);
-        if let Some(f) = frozen {
-            let addr = f.shared.vectors.get(id);
-            if addr != 0 {
-                return Ok(addr as *const f32);
-            }
-        }
-        // Recent ids, and frozen ones the shared table had no room for.
-        if let Some(p) = self.cache.vectors.get(id).get() {
+        let p = self.block_value(Blocks::Vectors, id)?;
+        if (p as usize).is_multiple_of(align_of::<f32>()) {
             return Ok(p.cast());
         }
-        let p = self.fetch(self.store.dbs.vectors, id, self.vector_bytes, "vector", id)?;
-        let addr = p as usize;
-        if let Some(f) = frozen
-            && addr.is_multiple_of(align_of::<f32>())
-            && f.shared.vectors.set(id, addr)
-        {
-            return Ok(p.cast());
-        }
-        let p = if (p as usize).is_multiple_of(align_of::<f32>()) {
-            p.cast::<f32>()
-        } else {
-            // SAFETY: `p` points at vector_bytes readable bytes (checked by fetch).
-            let bytes = unsafe { std::slice::from_raw_parts(p, self.vector_bytes) };
-            let copy: Box<[f32]> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            let ptr = copy.as_ptr();
-            self.cache.unaligned.push(copy);
-            ptr
-        };
-        *self.cache.vectors.slot(id) = RawPtr::new(p.cast());
-        Ok(p)
+        let bytes = self.vectors.value_bytes;
+        // SAFETY: `p` points at a whole vector inside its block (checked by
+        // `fetch_block`).
+        let bytes = unsafe { std::slice::from_raw_parts(p, bytes) };
+        let copy: Box<[f32]> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let ptr = copy.as_ptr();
+        self.cache.unaligned.push(copy);
+        Ok(ptr)
     }
 
     /// Where `id`'s bottom-layer list is if the link log holds a newer one
@@ -442,7 +481,7 @@ impl<'t> TxnView<'t> {
         // `NodeCache::clear`, never while a view borrows the cache); both live
         // for 't. Values are little-endian f32, the CPU's order on the
         // platforms shoal builds for.
-        Ok(unsafe { std::slice::from_raw_parts(p, self.vector_bytes / 4) })
+        Ok(unsafe { std::slice::from_raw_parts(p, self.vectors.value_bytes / 4) })
     }
 }
 
@@ -452,7 +491,7 @@ impl<'t> Graph<'t> for TxnView<'t> {
         let p = self.code_ptr(id)?;
         // SAFETY: `p` points at code_bytes bytes in a page of `self.txn`
         // (checked by `fetch` when first read), which lives for 't.
-        let bytes = unsafe { std::slice::from_raw_parts(p, self.code_bytes) };
+        let bytes = unsafe { std::slice::from_raw_parts(p, self.codes.value_bytes) };
         Code::from_bytes(bytes, self.dim).ok_or_else(|| self.corrupt(format!("code of node {id} is malformed")))
     }
 

@@ -24,8 +24,9 @@ pub struct IndexStats {
     /// Retired nodes: deleted or replaced points whose slots wait for new
     /// points (those not yet vacuumed still route searches).
     pub tombstones: u64,
-    /// Tombstones the vacuum has unlinked from the graph and whose vectors
-    /// it dropped (part of `tombstones`).
+    /// Tombstones the vacuum has unlinked from the graph and whose
+    /// payloads it dropped (part of `tombstones`); their slots wait for
+    /// new points.
     pub vacuumed: u64,
     /// Top layer of the graph (None while empty).
     pub max_level: Option<u8>,

@@ -134,7 +134,11 @@ impl Index {
         Ok(VacuumOutcome { vacuumed: ids.len() as u64, pending: pending - ids.len() as u64 })
     }
 
-    /// Drops the vectors of unlinked tombstones and files them as vacuumed.
+    /// Drops the payloads of unlinked tombstones and files them as vacuumed.
+    /// Their vectors and codes stay in their blocks until the slot is
+    /// reused: rewriting a block to blank one vector would copy its pages
+    /// for no reader's benefit (nothing reads a vacuumed slot), and a
+    /// compaction copies the blocks as they are.
     fn reclaim(&self, wtxn: &mut RwTxn<'_>, ids: &[u32]) -> Result<(), Attempt> {
         let store = &self.store;
         let dbs = &store.dbs;
@@ -143,7 +147,6 @@ impl Index {
             let mut record = session::read_node(store, wtxn, id)?;
             record.flags |= NODE_VACUUMED;
             dbs.nodes.put(wtxn, id, &record.encode()).map_err(err)?;
-            dbs.vectors.delete(wtxn, id).map_err(err)?;
             dbs.payloads.delete(wtxn, id).map_err(err)?;
             dbs.retired.delete(wtxn, (Retired::Linked, id)).map_err(err)?;
             dbs.retired.put(wtxn, (Retired::Vacuumed, id), &[]).map_err(err)?;

@@ -422,6 +422,11 @@ impl Index {
         let mut ids: Vec<(u64, u32)> = Vec::with_capacity(plan.inserts.len());
         let mut codes = Vec::with_capacity(plan.inserts.len() * code.capacity());
         let mut reused_codes = Vec::with_capacity(reused.len() * code.capacity());
+        // Vectors go in blocks like codes (`codec::vectors_block_nodes`), so
+        // they are gathered first: a batch's copy of its own vectors.
+        let vector_bytes = self.params.vector_bytes();
+        let mut vectors = Vec::with_capacity(plan.inserts.len().saturating_sub(reused.len()) * vector_bytes);
+        let mut reused_vectors = Vec::with_capacity(reused.len() * vector_bytes);
         for (i, p) in plan.inserts.iter().enumerate() {
             // A reused id keeps the level it had (levels follow from ids),
             // so its upper lists are overwritten, never orphaned.
@@ -432,7 +437,7 @@ impl Index {
             let level = level_for(self.params.seed, id, scale);
             levels.push(level);
             if i < reused.len() {
-                dbs.vectors.put(wtxn, id, codec::vector_bytes(p.vector)).map_err(err)?;
+                reused_vectors.extend_from_slice(codec::vector_bytes(p.vector));
                 crate::quant::encode(p.vector, &mut reused_codes);
                 let record = NodeRecord { external: p.external, level, flags: 0 };
                 dbs.nodes.put(wtxn, id, &record.encode()).map_err(err)?;
@@ -444,8 +449,7 @@ impl Index {
                 ids.push((p.external, id));
                 continue;
             }
-            // Ids only grow, so every new key is the largest.
-            dbs.vectors.append(wtxn, id, codec::vector_bytes(p.vector)).map_err(err)?;
+            vectors.extend_from_slice(codec::vector_bytes(p.vector));
             code.clear();
             crate::quant::encode(p.vector, &mut code);
             codes.extend_from_slice(&code);
@@ -456,8 +460,12 @@ impl Index {
             }
             ids.push((p.external, id));
         }
-        self.patch_codes(wtxn, reused, &reused_codes)?;
-        self.write_blocks(wtxn, dbs.codes, self.params.codes_per_block(), self.params.code_bytes(), first_new, &codes)?;
+        let (per_code_block, code_bytes) = (self.params.codes_per_block(), self.params.code_bytes());
+        let per_vector_block = self.params.vectors_per_block();
+        self.patch_values(wtxn, dbs.codes, per_code_block, code_bytes, reused, &reused_codes)?;
+        self.write_blocks(wtxn, dbs.codes, per_code_block, code_bytes, first_new, &codes)?;
+        self.patch_values(wtxn, dbs.vectors, per_vector_block, vector_bytes, reused, &reused_vectors)?;
+        self.write_blocks(wtxn, dbs.vectors, per_vector_block, vector_bytes, first_new, &vectors)?;
         // External ids are the user's and may be random: writing them in key
         // order at least keeps each touched page touched once.
         ids.sort_unstable();
@@ -467,35 +475,43 @@ impl Index {
         Ok(levels)
     }
 
-    /// Writes the codes of reused ids (ascending, `codes` in the same order)
-    /// into their blocks, each block read, patched and rewritten once.
-    fn patch_codes(&self, wtxn: &mut RwTxn<'_>, reused: &[u32], codes: &[u8]) -> Result<(), Attempt> {
+    /// Writes the values of reused ids (ascending, `values` in the same
+    /// order, `bytes` each) into their blocks of `table`, each block read,
+    /// patched and rewritten once.
+    fn patch_values(
+        &self,
+        wtxn: &mut RwTxn<'_>,
+        table: Table<Block>,
+        per_block: u32,
+        bytes: usize,
+        reused: &[u32],
+        values: &[u8],
+    ) -> Result<(), Attempt> {
         let store = &self.store;
         let err = |e| attempt(store, e);
-        let per_block = self.params.codes_per_block();
-        let bytes = self.params.code_bytes();
+        let name = table.name();
         let mut block: Vec<u8> = Vec::new();
         let mut i = 0;
         while i < reused.len() {
             let block_no = reused[i] / per_block;
             block.clear();
-            match store.dbs.codes.get(wtxn, block_no).map_err(err)? {
+            match table.get(wtxn, block_no).map_err(err)? {
                 Some(old) if old.len() % bytes == 0 => block.extend_from_slice(old),
                 found => {
-                    let detail = format!("code block {block_no} has {} bytes, not a multiple of {bytes}", found.map_or(0, <[u8]>::len));
+                    let detail = format!("{name} block {block_no} has {} bytes, not a multiple of {bytes}", found.map_or(0, <[u8]>::len));
                     return Err(Attempt::Failed(Error::Corrupt { path: store.path.clone(), detail }));
                 }
             }
             while i < reused.len() && reused[i] / per_block == block_no {
                 let at = (reused[i] % per_block) as usize * bytes;
                 let Some(slot) = block.get_mut(at..at + bytes) else {
-                    let detail = format!("code block {block_no} does not reach node {}", reused[i]);
+                    let detail = format!("{name} block {block_no} does not reach node {}", reused[i]);
                     return Err(Attempt::Failed(Error::Corrupt { path: store.path.clone(), detail }));
                 };
-                slot.copy_from_slice(&codes[i * bytes..(i + 1) * bytes]);
+                slot.copy_from_slice(&values[i * bytes..(i + 1) * bytes]);
                 i += 1;
             }
-            store.dbs.codes.put(wtxn, block_no, &block).map_err(err)?;
+            table.put(wtxn, block_no, &block).map_err(err)?;
         }
         Ok(())
     }
@@ -577,9 +593,13 @@ impl Index {
                 entry_retired = false;
             }
         }
-        let per_code_block = self.params.codes_per_block();
-        let mut dirty_codes: Vec<u32> = reused.iter().map(|id| id / per_code_block).collect();
-        dirty_codes.dedup();
+        // `reused` is ascending, so each list of blocks is too.
+        let blocks_of = |per_block: u32| {
+            let mut blocks: Vec<u32> = reused.iter().map(|id| id / per_block).collect();
+            blocks.dedup();
+            blocks
+        };
+        let (dirty_codes, dirty_vectors) = (blocks_of(self.params.codes_per_block()), blocks_of(self.params.vectors_per_block()));
         let overlay = Overlay::new(first_new, reused, levels);
         let link_blocks = LinkBlocks::new(first_new, codec::links0_block_nodes(self.params.max_links(0)) as u32);
         let ctx = BuildCtx {
@@ -590,7 +610,7 @@ impl Index {
             has_tombstones: state.tombstones > 0 || !plan.tombstones.is_empty(),
             live,
             cache_budget: self.opts.cache_budget_bytes,
-            frozen: shared.map(|s| Frozen::new(s, first_new).with_dirty_codes(&dirty_codes)),
+            frozen: shared.map(|s| Frozen::new(s, first_new).with_dirty_blocks(&dirty_codes, &dirty_vectors)),
             log,
         };
         let pool = self.pool.as_deref();
