@@ -564,9 +564,10 @@ mod tests {
         assert_eq!((s.batch_log_entries, s.batch_log_bytes), (4, held));
     }
 
-    /// The shared vector addresses must stay valid across commits: after
-    /// each one, every remembered address must be exactly where a fresh
-    /// B-tree lookup finds the vector, holding the same bytes.
+    /// The shared code and vector addresses must stay valid across commits
+    /// (batches that reuse slots, vacuum steps): after each one, every
+    /// remembered address must be exactly where a fresh B-tree lookup
+    /// finds the block.
     #[test]
     fn shared_vector_addresses_survive_commits() {
         let seed: u64 = rand::random();
@@ -596,6 +597,15 @@ mod tests {
                 for _ in 0..5 {
                     let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0..1.0)).collect();
                     index.search(&q, SearchParams::new(10, 40)).unwrap();
+                }
+                // A vacuum step keeps the shared addresses (it leaves code
+                // and vector blocks alone); searches after it use them.
+                if round > 3 {
+                    assert!(index.vacuum(8).unwrap().vacuumed > 0, "dim {dim} round {round}: nothing to vacuum");
+                    for _ in 0..5 {
+                        let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+                        index.search(&q, SearchParams::new(10, 40)).unwrap();
+                    }
                 }
                 let shared = index.resize.read();
                 let txn = index.store.env.read_txn().unwrap();

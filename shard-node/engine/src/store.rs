@@ -6,7 +6,7 @@ use heed::types::Bytes;
 use heed::{CommitOrAbort, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
 
 use crate::error::{Error, Result};
-use crate::table::{Block, Epoch, ExternalId, InternalId, LevelId, LogPart, MalformedKey, Name, RetiredKey, Table};
+use crate::table::{Block, Db, Epoch, ExternalId, InternalId, LevelId, LogPart, MalformedKey, Name, RetiredKey, Table};
 
 /// The databases of one index, each typed by its key (see `table`).
 #[derive(Clone, Copy)]
@@ -61,6 +61,9 @@ pub(crate) struct StoreOptions {
 pub(crate) struct Store {
     pub(crate) env: Env<WithoutTls>,
     pub(crate) dbs: Dbs,
+    /// The same databases untyped, by name (as in `DB_NAMES`), for what
+    /// goes over all of them.
+    all: [(&'static str, Db); DB_NAMES.len()],
     pub(crate) path: PathBuf,
     pub(crate) max_map_size: u64,
     /// The environment's page size, fixed when it was created.
@@ -124,6 +127,7 @@ impl Store {
             })?;
             dbs.push(db);
         }
+        let all = std::array::from_fn(|i| (DB_NAMES[i], dbs[i]));
         let [meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets, batch_log, retired] = dbs[..] else {
             unreachable!("one database per name");
         };
@@ -142,7 +146,7 @@ impl Store {
             batch_log: Table::new(batch_log, "batch_log"),
             retired: Table::new(retired, "retired"),
         };
-        Ok(Store { env, dbs, path: path.to_owned(), max_map_size: opts.max_map_size, page })
+        Ok(Store { env, dbs, all, path: path.to_owned(), max_map_size: opts.max_map_size, page })
     }
 
     /// Maps a heed error to the engine's, naming the environment.
@@ -200,22 +204,11 @@ impl Store {
     /// pages), by name, from LMDB's per-table page counts: nothing is
     /// scanned.
     pub(crate) fn table_bytes(&self, txn: &RoTxn<'_, WithoutTls>) -> Result<Vec<(&'static str, u64)>> {
-        let d = &self.dbs;
-        let counts = [
-            d.meta.pages_named(txn),
-            d.vectors.pages_named(txn),
-            d.codes.pages_named(txn),
-            d.links0.pages_named(txn),
-            d.links0_log.pages_named(txn),
-            d.links_up.pages_named(txn),
-            d.nodes.pages_named(txn),
-            d.external.pages_named(txn),
-            d.payloads.pages_named(txn),
-            d.offsets.pages_named(txn),
-            d.batch_log.pages_named(txn),
-            d.retired.pages_named(txn),
-        ];
-        counts.into_iter().map(|(name, pages)| Ok((name, pages.map_err(|e| self.err(e))? * self.page))).collect()
+        let pages = |db: &Db| -> heed::Result<u64> {
+            let s = db.stat(txn)?;
+            Ok((s.branch_pages + s.leaf_pages + s.overflow_pages) as u64)
+        };
+        self.all.iter().map(|(name, db)| Ok((*name, pages(db).map_err(|e| self.err(e))? * self.page))).collect()
     }
 
     /// Bytes of the file no table holds as of `txn`: LMDB's free pages

@@ -272,22 +272,9 @@ impl<K: TableKey> Table<K> {
         self.db.len(txn)
     }
 
-    /// Pages the table's B-tree holds (branch, leaf and overflow); LMDB
-    /// keeps the counts, nothing is scanned.
-    pub(crate) fn pages(self, txn: &RoTxn) -> heed::Result<u64> {
-        let s = self.db.stat(txn)?;
-        Ok((s.branch_pages + s.leaf_pages + s.overflow_pages) as u64)
-    }
-
     /// The name the table was opened under.
     pub(crate) fn name(self) -> &'static str {
         self.name
-    }
-
-    /// [`Table::pages`] beside the table's name, so that a report by table
-    /// takes the names from where the tables were opened.
-    pub(crate) fn pages_named(self, txn: &RoTxn) -> (&'static str, heed::Result<u64>) {
-        (self.name, self.pages(txn))
     }
 
     pub(crate) fn clear(self, txn: &mut RwTxn) -> heed::Result<()> {

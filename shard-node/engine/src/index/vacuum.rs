@@ -130,7 +130,9 @@ impl Index {
         let new_state =
             State { vacuumed: state.vacuumed + ids.len() as u64, log_epoch: state.log_epoch + u64::from(new_log.is_some()), ..state };
         store.dbs.meta.put(&mut wtxn, codec::META_STATE, &new_state.encode()).map_err(|e| attempt(store, e))?;
-        self.commit(wtxn, &state, &new_state, new_log, true)?;
+        // The vacuum leaves code and vector blocks as they are (`reclaim`),
+        // so the shared addresses stay good across its steps.
+        self.commit(wtxn, &state, &new_state, new_log, false)?;
         Ok(VacuumOutcome { vacuumed: ids.len() as u64, pending: pending - ids.len() as u64 })
     }
 

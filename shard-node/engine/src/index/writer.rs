@@ -237,8 +237,8 @@ impl Index {
 
     /// Commits a write transaction that moves the state from `state` to
     /// `new_state` (already written) with the link log's next version, if
-    /// it changed. `moves_frozen`: it rewrote or deleted values of frozen
-    /// ids (reused or vacuumed slots).
+    /// it changed. `moves_frozen`: it rewrote code or vector blocks below
+    /// the frozen bounds (reused slots).
     pub(super) fn commit(
         &self,
         wtxn: RwTxn<'_>,
