@@ -25,7 +25,8 @@ pub(crate) fn to_current(store: &Store, wtxn: &mut RwTxn<'_>, params: &IndexPara
 /// `k·b .. k·b + k`, all at or above `b`, so writing blocks in ascending
 /// order only ever overwrites ids already packed. A vacuumed id (format 7
 /// deleted its vector) is left zero: nothing reads a vacuumed slot before a
-/// point reuses it.
+/// point reuses it. Any other id without a vector is damage, reported
+/// before anything is committed.
 fn vectors_into_blocks(store: &Store, wtxn: &mut RwTxn<'_>, params: &IndexParams) -> Result<()> {
     let next_id = session::read_state(store, wtxn)?.next_id;
     let (per_block, bytes) = (params.vectors_per_block(), params.vector_bytes());
@@ -39,7 +40,13 @@ fn vectors_into_blocks(store: &Store, wtxn: &mut RwTxn<'_>, params: &IndexParams
         for id in first..(first + per_block).min(next_id) {
             match table.get(wtxn, id).map_err(err)? {
                 Some(v) if v.len() == bytes => block.extend_from_slice(v),
-                None => block.resize(block.len() + bytes, 0),
+                None if session::read_node(store, wtxn, id)?.is_vacuumed() => block.resize(block.len() + bytes, 0),
+                None => {
+                    return Err(Error::Corrupt {
+                        path: store.path.clone(),
+                        detail: format!("node {id} is not vacuumed but has no vector (migrating from format 7)"),
+                    });
+                }
                 Some(v) => {
                     return Err(Error::Corrupt {
                         path: store.path.clone(),
@@ -69,7 +76,7 @@ mod tests {
 
     /// Rewrites an index of the current format as format 7 wrote it: one
     /// vector per id, none for vacuumed ids, version 7 in the parameters.
-    fn write_as_format_7(index: &Index) {
+    fn write_as_format_7(index: &Index, lose_vector_of: Option<u32>) {
         let store = &index.store;
         let params = *index.params();
         let (per_block, bytes) = (params.vectors_per_block(), params.vector_bytes());
@@ -80,7 +87,8 @@ mod tests {
             let block = store.dbs.vectors.get(&wtxn, id / per_block).unwrap().unwrap();
             let at = (id % per_block) as usize * bytes;
             let vacuumed = session::read_node(store, &wtxn, id).unwrap().is_vacuumed();
-            vectors.push((!vacuumed).then(|| block[at..at + bytes].to_vec()));
+            let lost = lose_vector_of == Some(id);
+            vectors.push((!vacuumed && !lost).then(|| block[at..at + bytes].to_vec()));
         }
         store.dbs.vectors.clear(&mut wtxn).unwrap();
         for (id, v) in vectors.iter().enumerate() {
@@ -123,7 +131,7 @@ mod tests {
             (hits, points, index.snapshot().unwrap().digest().unwrap())
         };
         let before = answers(&index);
-        write_as_format_7(&index);
+        write_as_format_7(&index, None);
         drop(index);
 
         let index = Index::open(dir.path(), opts.clone()).unwrap();
@@ -140,5 +148,25 @@ mod tests {
         drop(index);
         let index = Index::open(dir.path(), opts).unwrap();
         assert_eq!(index.stats().unwrap().live, live.len() as u64 + 100);
+    }
+
+    /// A live point without its vector in a format-7 file is damage: the
+    /// open reports it, commits nothing, and says so again next time.
+    #[test]
+    fn a_format_7_index_missing_a_live_vector_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = IndexOptions { build_threads: 1, durable: false, ..IndexOptions::default() };
+        let index = Index::open_or_create(dir.path(), IndexParams::new(8, Metric::Euclidean), opts.clone()).unwrap();
+        index.apply(Batch::upserts((0..40).map(|i| (i, (0..8).map(|j| (i * 8 + j) as f32).collect())))).unwrap();
+        write_as_format_7(&index, Some(17));
+        drop(index);
+        for attempt in 0..2 {
+            match Index::open(dir.path(), opts.clone()) {
+                Err(crate::Error::Corrupt { detail, .. }) => {
+                    assert!(detail.contains("node 17 is not vacuumed but has no vector"), "{detail}")
+                }
+                other => panic!("open {attempt}: expected a corruption error, got {:?}", other.map(|_| ())),
+            }
+        }
     }
 }
