@@ -328,16 +328,21 @@ impl ShardHost {
     /// Counts a shard being created against the node's limit. `None` if
     /// another request is creating the same shard right now.
     pub(crate) fn reserve(&self, key: &ShardKey) -> Result<Option<Creating<'_>>, ShoalError> {
-        let held = self.shards.read().len();
         let mut creating = self.creating.lock();
         if creating.contains(key) {
             return Ok(None);
         }
-        if held + creating.len() >= self.max_shards {
+        // A create puts its shard in service before its reservation ends
+        // (it still answers with the shard's stats): count it once.
+        let (held, pending) = {
+            let shards = self.shards.read();
+            (shards.len(), creating.iter().filter(|k| !shards.contains_key(*k)).count())
+        };
+        if held + pending >= self.max_shards {
             return Err(ShoalError::exhausted(format!(
                 "this node holds {held} shards{} and its limit is {} (shard_node.limits.max_shards, and the \
                  open-file limit); add shard nodes, drop collections or raise the limit",
-                if creating.is_empty() { String::new() } else { format!(" (+{} being created)", creating.len()) },
+                if pending == 0 { String::new() } else { format!(" (+{pending} being created)") },
                 self.max_shards
             )));
         }
@@ -678,5 +683,35 @@ pub(crate) fn io_error(e: std::io::Error, what: String) -> ShoalError {
             ShoalError::exhausted(format!("{what}: too many open files; raise the open-file limit or hold fewer shards"))
         }
         _ => ShoalError::internal(format!("{what}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_engine::{IndexParams, Metric};
+
+    use super::*;
+
+    /// A create puts its shard in service and then, still holding its
+    /// reservation, answers with the shard's stats: in that window the
+    /// shard must count once, or a node at its limit minus one refuses
+    /// a create it has room for (seen in CI right after a drop).
+    #[tokio::test]
+    async fn a_shard_put_in_service_counts_once_while_its_create_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = ShardNodeConfig { data_dir: dir.path().join("node"), ..ShardNodeConfig::default() };
+        cfg.snapshot.url = dir.path().join("snapshots").display().to_string();
+        cfg.limits.max_shards = 2;
+        let host = ShardHost::open(&cfg).await.unwrap();
+        let key = |n| (CollectionName::parse("c").unwrap(), n);
+        let first = host.reserve(&key(0)).unwrap().expect("nothing else creates it");
+        let index = create_in(&host.dir(&key(0)), IndexParams::new(4, Metric::Euclidean), 1, host.engine_options(), 2).unwrap();
+        host.insert(key(0), index, 2);
+        let second = host.reserve(&key(1)).expect("one shard held, none pending: room for one more");
+        assert!(second.is_some());
+        // Now the node is full: the third is refused and says why.
+        let err = host.reserve(&key(2)).err().expect("over the limit");
+        assert!(err.to_string().contains("holds 1 shards (+1 being created) and its limit is 2"), "{err}");
+        drop((first, second));
     }
 }
