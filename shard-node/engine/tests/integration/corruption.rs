@@ -312,7 +312,7 @@ fn damaged_page_and_node_headers_are_corrupt_errors_not_crashes() {
     let u16_at = |page: &[u8], at: usize| u16::from_le_bytes([page[at], page[at + 1]]);
     // Each kind of damage, applied to one leaf page.
     type Damage = fn(&mut [u8]);
-    let kinds: [(&str, Damage); 4] = [
+    let kinds: [(&str, Damage); 5] = [
         // The node flag that sends liblmdb to a sub-cursor our tables lack.
         ("F_DUPDATA on every node", |page| {
             let lower = usize::from(u16::from_le_bytes([page[12], page[13]]));
@@ -326,6 +326,9 @@ fn damaged_page_and_node_headers_are_corrupt_errors_not_crashes() {
         // NUMKEYS wraps: the binary search used to never end.
         ("lower below the header", |page| page[12..14].copy_from_slice(&8u16.to_le_bytes())),
         ("the first node's offset past the page", |page| page[HEADER..HEADER + 2].copy_from_slice(&0xfff0u16.to_le_bytes())),
+        // An in-memory flag on disk: liblmdb took the page for one this
+        // transaction had copied and wrote into the read-only map.
+        ("P_DIRTY in the header", |page| page[10] |= 0x10),
         // What copy-on-write copied into a page-sized buffer.
         ("lower and upper past the page", |page| {
             page[12..14].copy_from_slice(&0x8000u16.to_le_bytes());
@@ -345,27 +348,96 @@ fn damaged_page_and_node_headers_are_corrupt_errors_not_crashes() {
                 hurt(&mut data[p * PAGE..(p + 1) * PAGE]);
             }
             let dir = work.path().join(format!("{}-{every}", name.replace(' ', "-")));
-            std::fs::create_dir_all(&dir).expect("case dir");
-            std::fs::write(dir.join("data.mdb"), &data).expect("write the damaged copy");
-            let (status, stdout, stderr, took) = run_child(&exe, &dir);
-            let outcome = stdout.lines().find_map(|l| l.split_once("fuzz-env-outcome ")).map(|(_, o)| o.to_owned());
             let case = format!("{name}, every {every} leaf page(s) of {}", leaves.len());
-            match (&status, &outcome) {
-                (Some(s), Some(o)) if s.success() => {
-                    eprintln!("{case}: {}", o.split(" errors=").next().unwrap_or(o));
-                    if !o.contains("Corrupt") {
-                        failures.push(format!("{case}: no Corrupt error: {o}"));
-                    }
-                    if o.contains("Storage") {
-                        failures.push(format!("{case}: damage reported as a storage error, not Corrupt: {o}"));
-                    }
-                }
-                _ => {
-                    let during = stderr.lines().find_map(|l| l.strip_prefix("fuzz-env-crash during ")).unwrap_or("?");
-                    let how = status.as_ref().map_or_else(|| format!("hung (killed after {CHILD_LIMIT:?})"), describe);
-                    failures.push(format!("{case}: the child {how} during {during} after {took:?}\n{}", tail(&stderr, 1000)));
-                }
+            failures.extend(run_damaged(&exe, &dir, &data, &case, true).0);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Runs a child over `data` in `dir`; returns what is wrong (a crash, a
+/// hang, damage reported as a storage error, and with `require_corrupt`
+/// no `Corrupt` error) and whether it met a `Corrupt` error.
+fn run_damaged(exe: &Path, dir: &Path, data: &[u8], case: &str, require_corrupt: bool) -> (Vec<String>, bool) {
+    std::fs::create_dir_all(dir).expect("case dir");
+    std::fs::write(dir.join("data.mdb"), data).expect("write the damaged copy");
+    let (status, stdout, stderr, took) = run_child(exe, dir);
+    let outcome = stdout.lines().find_map(|l| l.split_once("fuzz-env-outcome ")).map(|(_, o)| o.to_owned());
+    let mut failures = Vec::new();
+    let corrupt = outcome.as_deref().is_some_and(|o| o.contains("Corrupt"));
+    match (&status, &outcome) {
+        (Some(s), Some(o)) if s.success() => {
+            eprintln!("{case}: {}", o.split(" errors=").next().unwrap_or(o));
+            if require_corrupt && !corrupt {
+                failures.push(format!("{case}: no Corrupt error: {o}"));
             }
+            if o.contains("Storage") {
+                failures.push(format!("{case}: damage reported as a storage error, not Corrupt: {o}"));
+            }
+        }
+        _ => {
+            let during = stderr.lines().find_map(|l| l.strip_prefix("fuzz-env-crash during ")).unwrap_or("?");
+            let how = status.as_ref().map_or_else(|| format!("hung (killed after {CHILD_LIMIT:?})"), describe);
+            failures.push(format!("{case}: the child {how} during {during} after {took:?}\n{}", tail(&stderr, 1000)));
+        }
+    }
+    (failures, corrupt)
+}
+
+/// A read transaction takes a value's overflow pages without reading the
+/// first one (third_party/README.md): the node's page number and size
+/// alone must keep the read inside the file. Each copy points the
+/// overflow values of one leaf page (vector and code blocks, link-log
+/// values) past the file or at a meta page; the leaf itself stays sound.
+/// Some such leaves are free pages (an older copy of a leaf), which no
+/// read reaches: every copy must end normally, and those that read the
+/// damaged values with a `Corrupt` error.
+#[test]
+fn overflow_page_numbers_outside_the_data_are_corrupt_errors_not_crashes() {
+    const PAGE: usize = 4096;
+    const HEADER: usize = 16;
+    const BIGDATA: u16 = 0x01;
+    let work = tempfile::tempdir().expect("tempdir");
+    let clean = work.path().join("clean");
+    build(&clean);
+    let _ = std::fs::remove_file(clean.join("lock.mdb"));
+    let original = std::fs::read(clean.join("data.mdb")).expect("read data.mdb");
+    let u16_at = |page: &[u8], at: usize| usize::from(u16::from_le_bytes([page[at], page[at + 1]]));
+    // Where each overflow value's page number sits in a leaf page.
+    let pgno_offsets = |page: &[u8]| -> Vec<usize> {
+        if u16_at(page, 10) != 0x02 {
+            return Vec::new();
+        }
+        (0..u16_at(page, 12).saturating_sub(HEADER) / 2)
+            .map(|i| u16_at(page, HEADER + 2 * i))
+            .filter(|&off| off + 8 <= PAGE && u16_at(page, off + 4) as u16 & BIGDATA != 0)
+            .map(|off| off + 8 + u16_at(page, off + 6))
+            .filter(|&at| at + 8 <= PAGE)
+            .collect()
+    };
+    let leaves: Vec<(usize, Vec<usize>)> = (2..original.len() / PAGE)
+        .map(|p| (p, pgno_offsets(&original[p * PAGE..(p + 1) * PAGE])))
+        .filter(|(_, offsets)| !offsets.is_empty())
+        .collect();
+    assert!(leaves.len() >= 2, "the index has leaves of overflow values: {}", leaves.len());
+    let exe = std::env::current_exe().expect("current exe");
+    let mut failures = Vec::new();
+    for (name, pgno) in [("past the file", 1u64 << 40), ("on a meta page", 1)] {
+        let mut corrupt = 0;
+        for (p, offsets) in &leaves {
+            let mut data = original.clone();
+            for at in offsets {
+                data[p * PAGE + at..p * PAGE + at + 8].copy_from_slice(&pgno.to_le_bytes());
+            }
+            let dir = work.path().join(format!("{}-{p}", name.replace(' ', "-")));
+            let case = format!("{} overflow value(s) of leaf page {p} {name}", offsets.len());
+            let (failed, met) = run_damaged(&exe, &dir, &data, &case, false);
+            failures.extend(failed);
+            corrupt += usize::from(met);
+        }
+        // The live vector and code blocks are among them.
+        if corrupt < 2 {
+            failures.push(format!("{name}: only {corrupt} of {} copies met a Corrupt error", leaves.len()));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -6658,6 +6658,14 @@ mdb_page_check(MDB_cursor *mc, MDB_page *p, pgno_t pgno)
 
 	if (p->mp_pgno != pgno)
 		return MDB_CORRUPTED;
+	/* A page in the file never carries the flags of a page being changed
+	 * in memory (#mdb_page_flush() clears #P_DIRTY and writes no loose or
+	 * kept page) unless the map is the writer's memory. Set by damage,
+	 * #P_DIRTY made #_mdb_cursor_put() overwrite a value in place, in the
+	 * read-only map.
+	 */
+	if (!(txn->mt_env->me_flags & MDB_WRITEMAP) && (MP_FLAGS(p) & (P_DIRTY|P_SUBP|P_LOOSE|P_KEEP)))
+		return MDB_CORRUPTED;
 	switch (MP_FLAGS(p) & (P_BRANCH|P_LEAF|P_OVERFLOW|P_META)) {
 	case P_OVERFLOW:
 		return p->mp_pages >= 1 && p->mp_pages <= txn->mt_next_pgno - pgno
@@ -7097,6 +7105,28 @@ mdb_node_read(MDB_cursor *mc, MDB_node *leaf, MDB_val *data)
 	 */
 	data->mv_size = NODEDSZ(leaf);
 	memcpy(&pgno, NODEDATA(leaf), sizeof(pgno));
+#ifndef MDB_VL32
+	/* shoal: a plain read transaction takes a value's overflow pages
+	 * without reading the run's header: the header serves only to check
+	 * it, and a read of one vector out of a block of several would fault
+	 * the block's first page in just for that (on a network disk, a
+	 * millisecond). The node's size bounds the run inside the snapshot's
+	 * pages, which are all in the file, so the read stays in the map. A
+	 * wrong page number inside the file reads other bytes, like any
+	 * damaged value; the engine's decoders judge values. Write and nested
+	 * transactions keep the checked path (their pages may be dirty).
+	 */
+	if ((mc->mc_flags & C_ORIG_RDONLY) && mc->mc_txn->mt_parent == NULL) {
+		MDB_txn *txn = mc->mc_txn;
+		mdb_size_t pages = OVPAGES(data->mv_size, txn->mt_env->me_psize);
+		if (pgno < NUM_METAS || pgno >= txn->mt_next_pgno || pages > txn->mt_next_pgno - pgno) {
+			MDB_TXN_SET_CORRUPT(txn);
+			return MDB_CORRUPTED;
+		}
+		data->mv_data = METADATA((MDB_page *)(txn->mt_env->me_map + txn->mt_env->me_psize * pgno));
+		return MDB_SUCCESS;
+	}
+#endif
 	if ((rc = mdb_page_get(mc, pgno, &omp, NULL)) != 0) {
 		DPRINTF(("read overflow page %"Yu" failed", pgno));
 		return rc;
