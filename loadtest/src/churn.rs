@@ -77,6 +77,14 @@ pub(crate) struct Args {
     /// measured the churned index at 0.83x the fresh one).
     #[arg(long, default_value_t = 3)]
     passes: usize,
+    /// Passes over the queries taken in turn on the churned index and the
+    /// fresh build once both exist, in the order ABBA BAAB ..., so that
+    /// the machine's drift falls on both alike; `paired_qps_ratio` is the
+    /// median of the pairs' ratios. 0: none. (The one-after-the-other
+    /// measurement put the churned index at 0.87x the fresh build at
+    /// round 0, where the two are the same build.)
+    #[arg(long, default_value_t = 8)]
+    paired_passes: usize,
     /// Operations per batch when a round is applied (and per batch of the
     /// builds).
     #[arg(long, default_value_t = 10_000)]
@@ -403,6 +411,10 @@ pub(crate) fn run(a: Args) -> Result<()> {
             // The churned index again, after the fresh one: the machine's
             // speed drifting between the two measurements shows here.
             entry["qps_after_fresh"] = json!(round1(measure(&index, &queries, &truth, &a)?.qps));
+            let paired = paired(&index, &fresh, &queries, &a)?;
+            entry["paired_qps"] = json!(paired.map(|p| round1(p.qps)));
+            entry["paired_fresh_qps"] = json!(paired.map(|p| round1(p.fresh_qps)));
+            entry["paired_qps_ratio"] = json!(paired.map(|p| round4(p.ratio)));
             let fs = fresh.stats()?;
             entry["fresh_recall"] = json!(round4(fm.recall));
             entry["fresh_qps"] = json!(round1(fm.qps));
@@ -420,6 +432,9 @@ pub(crate) fn run(a: Args) -> Result<()> {
         } else {
             for f in [
                 "qps_after_fresh",
+                "paired_qps",
+                "paired_fresh_qps",
+                "paired_qps_ratio",
                 "fresh_recall",
                 "fresh_qps",
                 "fresh_disk_bytes",
@@ -449,7 +464,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
         "lib": "shoal",
         "strategy": if a.no_reuse { "tombstones kept (no reuse)" } else { "retired slots reused by later inserts" },
         "params": {"m": a.m, "ef_construction": a.ef_construction, "threads": a.threads, "metric": "cosine",
-                   "batch_size": a.batch_size, "ef": a.ef, "k": a.k, "passes": a.passes},
+                   "batch_size": a.batch_size, "ef": a.ef, "k": a.k, "passes": a.passes,
+                   "paired_passes": a.paired_passes},
         "limit": a.limit, "queries": queries.len(), "seed": a.seed, "batch_log": format!("{:?}", opts.batch_log),
         "fractions": {"upsert": a.upsert_frac, "delete": a.delete_frac, "insert": a.insert_frac},
         "vacuum_ratio": if vacuum { json!(opts.vacuum_ratio) } else { serde_json::Value::Null },
@@ -509,15 +525,9 @@ struct Measured {
 /// Recall of the first pass (every pass answers the same) and the QPS of
 /// the best of `--passes` passes.
 fn measure(index: &Index, queries: &[Vec<f32>], truth: &[HashSet<u64>], a: &Args) -> Result<Measured> {
-    let sp = SearchParams::new(a.k, a.ef.max(a.k));
     let mut best = Measured { recall: 0.0, qps: 0.0 };
     for pass in 0..a.passes {
-        let t = Instant::now();
-        let mut hits = 0usize;
-        for (q, want) in queries.iter().zip(truth) {
-            hits += index.search(q, sp)?.iter().filter(|h| want.contains(&h.id)).count();
-        }
-        let qps = queries.len() as f64 / t.elapsed().as_secs_f64();
+        let (qps, hits) = pass_over(index, queries, truth, a)?;
         if pass == 0 {
             best.recall = hits as f64 / (a.k * queries.len()).max(1) as f64;
         }
@@ -526,11 +536,60 @@ fn measure(index: &Index, queries: &[Vec<f32>], truth: &[HashSet<u64>], a: &Args
     Ok(best)
 }
 
+/// One pass over the queries: its QPS and how many true neighbours it found.
+fn pass_over(index: &Index, queries: &[Vec<f32>], truth: &[HashSet<u64>], a: &Args) -> Result<(f64, usize)> {
+    let sp = SearchParams::new(a.k, a.ef.max(a.k));
+    let t = Instant::now();
+    let mut hits = 0usize;
+    for (q, want) in queries.iter().zip(truth) {
+        hits += index.search(q, sp)?.iter().filter(|h| want.contains(&h.id)).count();
+    }
+    Ok((queries.len() as f64 / t.elapsed().as_secs_f64(), hits))
+}
+
+#[derive(Clone, Copy)]
+struct Paired {
+    qps: f64,
+    fresh_qps: f64,
+    ratio: f64,
+}
+
+/// `--paired-passes` pairs of passes, churned and fresh in turn (ABBA
+/// BAAB ...): the medians of each side's passes and of the pairs' ratios.
+fn paired(churned: &Index, fresh: &Index, queries: &[Vec<f32>], a: &Args) -> Result<Option<Paired>> {
+    if a.paired_passes == 0 {
+        return Ok(None);
+    }
+    // Recall is measured elsewhere; a pass here only times.
+    let none: Vec<HashSet<u64>> = vec![HashSet::new(); queries.len()];
+    let (mut mine, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for pair in 0..a.paired_passes {
+        let churned_first = matches!(pair % 4, 0 | 3);
+        let (c, f) = if churned_first {
+            let c = pass_over(churned, queries, &none, a)?.0;
+            (c, pass_over(fresh, queries, &none, a)?.0)
+        } else {
+            let f = pass_over(fresh, queries, &none, a)?.0;
+            (pass_over(churned, queries, &none, a)?.0, f)
+        };
+        mine.push(c);
+        theirs.push(f);
+        ratios.push(c / f);
+    }
+    Ok(Some(Paired { qps: median(&mut mine), fresh_qps: median(&mut theirs), ratio: median(&mut ratios) }))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
 fn print_round(e: &serde_json::Value) {
     let mib = |v: &serde_json::Value| v.as_f64().map_or("-".to_owned(), |b| format!("{:.1}", b / (1 << 20) as f64));
     let f = |v: &serde_json::Value, d: usize| v.as_f64().map_or("-".to_owned(), |x| format!("{x:.d$}"));
     eprintln!(
-        "round {:>2}: live {} tombstones {} (vacuumed now {}) | recall {} (fresh {}) | qps {} (fresh {}) | disk MiB {} used {} (fresh {}) | apply {} ms/op vacuum {} s fold {} s compact {} s",
+        "round {:>2}: live {} tombstones {} (vacuumed now {}) | recall {} (fresh {}) | qps {} (fresh {}, paired ratio {}) | disk MiB {} used {} (fresh {}) | apply {} ms/op vacuum {} s fold {} s compact {} s",
         e["round"],
         e["live"],
         e["tombstones"],
@@ -539,6 +598,7 @@ fn print_round(e: &serde_json::Value) {
         f(&e["fresh_recall"], 4),
         f(&e["qps"], 0),
         f(&e["fresh_qps"], 0),
+        f(&e["paired_qps_ratio"], 3),
         mib(&e["disk_bytes"]),
         mib(&e["used_bytes"]),
         mib(&e["fresh_disk_bytes"]),
