@@ -43,6 +43,17 @@ fn cases() -> u64 {
     var("SHOAL_FUZZ_ENV_CASES").unwrap_or_else(|| var("SHOAL_FUZZ_CASES").map_or(64, |n| (n / 1000).max(64)))
 }
 
+/// A work directory for the cases, and the bytes of the `data.mdb` of the
+/// index `build` makes in it: what each case copies and damages.
+fn clean_copy() -> (tempfile::TempDir, Vec<u8>) {
+    let work = tempfile::tempdir().expect("tempdir");
+    let clean = work.path().join("clean");
+    build(&clean);
+    let _ = std::fs::remove_file(clean.join("lock.mdb"));
+    let original = std::fs::read(clean.join("data.mdb")).expect("read data.mdb");
+    (work, original)
+}
+
 /// Builds the index every case damages: a few batches (so the link log
 /// and the batch log hold values), payloads, a source offset, deletes
 /// (tombstones), two levels of graph at least.
@@ -211,11 +222,7 @@ fn fuzz_corrupted_environments() {
         return;
     }
     let t0 = Instant::now();
-    let work = tempfile::tempdir().expect("tempdir");
-    let clean = work.path().join("clean");
-    build(&clean);
-    let _ = std::fs::remove_file(clean.join("lock.mdb"));
-    let original = std::fs::read(clean.join("data.mdb")).expect("read data.mdb");
+    let (work, original) = clean_copy();
     // The undamaged copy reads without a single error.
     let only: Option<u64> = std::env::var("SHOAL_FUZZ_ENV_CASE_ONLY").ok().and_then(|s| s.parse().ok());
     let seeds: Vec<u64> = match only {
@@ -304,11 +311,7 @@ fn fuzz_corrupted_environments() {
 fn damaged_page_and_node_headers_are_corrupt_errors_not_crashes() {
     const PAGE: usize = 4096;
     const HEADER: usize = 16;
-    let work = tempfile::tempdir().expect("tempdir");
-    let clean = work.path().join("clean");
-    build(&clean);
-    let _ = std::fs::remove_file(clean.join("lock.mdb"));
-    let original = std::fs::read(clean.join("data.mdb")).expect("read data.mdb");
+    let (work, original) = clean_copy();
     let u16_at = |page: &[u8], at: usize| u16::from_le_bytes([page[at], page[at + 1]]);
     // Each kind of damage, applied to one leaf page.
     type Damage = fn(&mut [u8]);
@@ -397,11 +400,7 @@ fn overflow_page_numbers_outside_the_data_are_corrupt_errors_not_crashes() {
     const PAGE: usize = 4096;
     const HEADER: usize = 16;
     const BIGDATA: u16 = 0x01;
-    let work = tempfile::tempdir().expect("tempdir");
-    let clean = work.path().join("clean");
-    build(&clean);
-    let _ = std::fs::remove_file(clean.join("lock.mdb"));
-    let original = std::fs::read(clean.join("data.mdb")).expect("read data.mdb");
+    let (work, original) = clean_copy();
     let u16_at = |page: &[u8], at: usize| usize::from(u16::from_le_bytes([page[at], page[at + 1]]));
     // Where each overflow value's page number sits in a leaf page.
     let pgno_offsets = |page: &[u8]| -> Vec<usize> {
