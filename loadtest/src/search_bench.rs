@@ -37,6 +37,11 @@ pub(crate) struct Args {
     /// node does (this changes the directory).
     #[arg(long)]
     fold: bool,
+    /// Open each index with `IndexOptions::warm_max_bytes` at this (0:
+    /// the engine's default, no warming): a file up to it is dropped from
+    /// the page cache and read back in order first.
+    #[arg(long, default_value_t = 0)]
+    warm_max_bytes: u64,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -48,10 +53,11 @@ pub(crate) fn run(a: Args) -> Result<()> {
     }
     let file = VecFile::open(&a.query)?;
     let queries: Vec<Vec<f32>> = (0..a.queries.min(file.len())).map(|i| file.f32_row(i)).collect::<Result<_>>()?;
+    let opts = IndexOptions { warm_max_bytes: a.warm_max_bytes, ..IndexOptions::default() };
     let indexes: Vec<Index> = a
         .indexes
         .iter()
-        .map(|p| Index::open(p, IndexOptions::default()).with_context(|| format!("opening {}", p.display())))
+        .map(|p| Index::open(p, opts.clone()).with_context(|| format!("opening {}", p.display())))
         .collect::<Result<_>>()?;
     if a.fold {
         for (index, path) in indexes.iter().zip(&a.indexes) {
@@ -93,7 +99,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
         }));
     }
     if let Some(p) = &a.json {
-        let doc = json!({"ef": a.ef, "k": a.k, "queries": queries.len(), "passes": a.passes, "indexes": out});
+        let doc =
+            json!({"ef": a.ef, "k": a.k, "queries": queries.len(), "passes": a.passes, "warm_max_bytes": a.warm_max_bytes, "indexes": out});
         std::fs::write(p, serde_json::to_string_pretty(&doc)?).with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())

@@ -51,6 +51,34 @@ fn a_vacuum_ratio_outside_0_to_1_is_refused_by_name() {
 }
 
 #[test]
+fn the_warm_share_is_a_share_of_memory_and_0_turns_warming_off() {
+    for bad in ["1.5", "-0.1", "nan"] {
+        let err = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
+            .merge(Toml::string(&format!("[engine]\nwarm_max_share = {bad}\n")))
+            .extract::<ShardNodeConfig>()
+            .unwrap_err();
+        assert!(err.to_string().contains("warm_max_share") && err.to_string().contains("from 0 to 1"), "{bad}: {err}");
+    }
+    let share = |s: &str| -> u64 {
+        let cfg: ShardNodeConfig = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
+            .merge(Toml::string(&format!("[engine]\nwarm_max_share = {s}\n")))
+            .extract()
+            .unwrap();
+        cfg.engine.index_options().warm_max_bytes
+    };
+    assert_eq!(share("0.0"), 0, "0 never warms");
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let total_kb: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("MemTotal");
+    let (half, all) = (share("0.5"), share("1.0"));
+    assert!(half > 0 && all <= total_kb * 1024, "half {half}, all {all}, MemTotal {total_kb} kB");
+    assert!(half.abs_diff(all / 2) <= 1, "half {half} of all {all}");
+}
+
+#[test]
 fn a_negative_batch_log_share_or_fold_ratio_is_refused_by_name() {
     for key in ["batch_log_max_share", "idle_fold_ratio"] {
         for bad in ["-1.0", "nan", "inf"] {

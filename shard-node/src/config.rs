@@ -130,6 +130,14 @@ pub struct EngineConfig {
     pub durable: bool,
     /// Let the kernel read ahead on page faults.
     pub read_ahead: bool,
+    /// A shard whose file is at most this share of the machine's memory
+    /// (or of the node's cgroup limit, if lower) is read into the page
+    /// cache in order when it opens: searches then ran 1.3x faster than
+    /// over a file faulted in page by page (docs/engine.md, "How the page
+    /// cache was filled"). 0: never; larger files are left to the graph
+    /// walk's faults.
+    #[serde(deserialize_with = "share_or_zero")]
+    pub warm_max_share: f64,
     /// Largest payload per point, in bytes.
     pub max_payload_bytes: usize,
     /// Bottom-layer lists the link log holds before a batch folds it into
@@ -208,6 +216,7 @@ impl Default for EngineConfig {
             max_map_size: d.max_map_size,
             durable: d.durable,
             read_ahead: d.read_ahead,
+            warm_max_share: 0.5,
             max_payload_bytes: d.max_payload_bytes,
             link_log_fold_lists: d.link_log.fold_lists().unwrap_or(0),
             batch_log_max_batches: d.batch_log.max_batches,
@@ -232,6 +241,7 @@ impl EngineConfig {
         o.max_map_size = self.max_map_size;
         o.durable = self.durable;
         o.read_ahead = self.read_ahead;
+        o.warm_max_bytes = (self.warm_max_share * memory_limit_bytes() as f64) as u64;
         o.max_payload_bytes = self.max_payload_bytes;
         o.link_log = match self.link_log_fold_lists {
             0 => LinkLog::Off,
@@ -250,6 +260,19 @@ impl EngineConfig {
         o.compact_min_bytes = self.compact_min_bytes;
         o
     }
+}
+
+/// The memory this process may fill: the machine's (`MemTotal`), or its
+/// cgroup's limit if lower; 0 if neither can be read.
+fn memory_limit_bytes() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:").map(str::trim).map(str::to_owned)))
+        .and_then(|kb| kb.trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024);
+    // cgroup v2; "max" (no limit) does not parse and leaves the total.
+    let limit = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok().and_then(|l| l.trim().parse::<u64>().ok());
+    limit.map_or(total, |l| l.min(total))
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

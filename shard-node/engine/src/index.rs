@@ -126,6 +126,17 @@ impl Index {
 
     fn open_store(path: &Path, missing: Missing, opts: IndexOptions) -> Result<Index> {
         compact::clean_up(path)?;
+        if opts.warm_max_bytes > 0 {
+            // Only a hint for speed: a file that cannot be warmed still opens
+            // (and a read error shows again where it matters, in the map).
+            match crate::warm::warm(&path.join("data.mdb"), opts.warm_max_bytes) {
+                Ok(crate::warm::Warmed::Read { bytes, seconds }) => {
+                    tracing::info!(path = %path.display(), bytes, seconds, "read the index file into the page cache in order");
+                }
+                Ok(crate::warm::Warmed::Skipped) => {}
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not warm the index file; opening it cold"),
+            }
+        }
         let store = Store::open(path, &store_options(&opts))?;
         let params = Self::load_or_init_params(&store, missing)?;
         list_retired_ids(&store)?;

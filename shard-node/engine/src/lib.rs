@@ -49,6 +49,7 @@ mod store;
 mod table;
 mod tombstone_set;
 mod view;
+mod warm;
 
 pub use batch::{Batch, BatchOutcome, MAX_SOURCE_BYTES, Op, Point, SourceOffset, Write, Written};
 pub use batch_log::{BatchLogRetention, LogApplied, LogEntry, LogRead};

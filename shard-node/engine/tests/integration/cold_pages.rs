@@ -140,3 +140,40 @@ fn an_insert_from_a_cold_cache_reads_pages_in_proportion_to_the_batch_not_the_in
         LARGE / SMALL
     );
 }
+
+/// `IndexOptions::warm_max_bytes`: an index whose file fits the budget
+/// opens with all of it in the page cache (read back in order), one over
+/// the budget with none of it, from a cold cache either way.
+#[test]
+fn an_index_within_its_warm_budget_opens_with_its_file_in_the_page_cache() {
+    let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let dir = root.path().join("index");
+    let mut rng = rng("warm_on_open");
+    let opts = IndexOptions { build_threads: 2, durable: false, read_ahead: false, ..IndexOptions::default() };
+    let index = Index::open_or_create(&dir, IndexParams::new(DIM, Metric::Cosine), opts.clone()).expect("create");
+    let center = random_vector(&mut rng, DIM as usize);
+    for start in (0..8_000).step_by(2_000) {
+        index.apply(cluster_batch(&mut rng, &center, start..start + 2_000)).expect("build");
+    }
+    drop(index);
+    let data = dir.join("data.mdb");
+    let len = std::fs::metadata(&data).expect("stat").len();
+    for (budget, expect_all) in [(len - 1, false), (len, true)] {
+        if !drop_cache(&data) {
+            eprintln!("skipped: posix_fadvise(DONTNEED) does not empty the page cache for {}", data.display());
+            return;
+        }
+        let index = Index::open(&dir, IndexOptions { warm_max_bytes: budget, ..opts.clone() }).expect("open");
+        let pages = resident(&data);
+        let cached = pages.iter().filter(|&&r| r).count();
+        drop(index);
+        eprintln!("warm budget {budget} for a file of {len} bytes: {cached} of {} pages resident after opening", pages.len());
+        if expect_all {
+            assert_eq!(cached, pages.len(), "a file within the budget ({len} bytes) is all in the page cache");
+        } else {
+            // Opening reads what it loads (tables' roots, the link log's
+            // index, the retired ids), not the vectors or the graph.
+            assert!(cached * 4 < pages.len(), "{cached} of {} pages resident after opening a file over the budget", pages.len());
+        }
+    }
+}
