@@ -67,6 +67,13 @@ pub(crate) struct Args {
     /// address tables, so its time is not the steady-state time.
     #[arg(long)]
     reopen_before_insert: bool,
+    /// `IndexOptions::warm_max_bytes` of every open (0: none, the engine's
+    /// default); with `--reopen-before-insert`, the incremental indexes
+    /// are dropped from the page cache and read back in order before
+    /// their measured batches (docs/engine.md, "How the page cache was
+    /// filled").
+    #[arg(long, default_value_t = 0)]
+    warm_max_bytes: u64,
     /// Measured batches per index size. Each goes into the index the one
     /// before it left (so the index grows by a batch each time); the
     /// median is reported. More than one steadies the figure on a noisy
@@ -169,6 +176,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         rescore: a.rescore,
         link_log: link_log(&a),
         batch_log: batch_log(&a),
+        warm_max_bytes: a.warm_max_bytes,
         ..IndexOptions::default()
     };
     let root = match &a.dir {
@@ -319,6 +327,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
                   "batches": batch_peaks, "max_level": stats.max_level, "unaligned_vectors": unaligned},
         "search": search,
         "incremental": incremental,
+        "warm_max_bytes": a.warm_max_bytes,
     });
     println!("{}", serde_json::to_string_pretty(&out)?);
     print_summary(&out);
