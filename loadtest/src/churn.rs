@@ -18,7 +18,7 @@
 
 use std::collections::HashSet;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -421,12 +421,13 @@ pub(crate) fn run(a: Args) -> Result<()> {
             // speed drifting between the two measurements shows here.
             entry["qps_after_fresh"] = json!(round1(measure(&index, &queries, &truth, &a)?.qps));
             if !a.page_cache_as_left {
+                // Reopened with the engine's warming: each file is dropped
+                // from the page cache and read back in order.
                 drop(index);
                 drop(fresh);
-                settle_page_cache(&churned)?;
-                settle_page_cache(&dir)?;
-                index = Index::open_or_create(&churned, params, opts.clone())?;
-                fresh = Index::open_or_create(&dir, params, opts.clone())?;
+                let warm = IndexOptions { warm_max_bytes: u64::MAX, ..opts.clone() };
+                index = Index::open_or_create(&churned, params, warm.clone())?;
+                fresh = Index::open_or_create(&dir, params, warm)?;
             }
             let paired = paired(&index, &fresh, &queries, &a)?;
             entry["paired_qps"] = json!(paired.map(|p| round1(p.qps)));
@@ -542,25 +543,6 @@ struct Measured {
 
 /// Recall of the first pass (every pass answers the same) and the QPS of
 /// the best of `--passes` passes.
-/// Drops the index file in `dir` from the page cache and reads it back in
-/// order, so that two indexes are searched from the same kind of cache.
-/// The index must be closed (its pages mapped cannot be dropped).
-fn settle_page_cache(dir: &Path) -> Result<()> {
-    let data = dir.join("data.mdb");
-    let dropped = coldio::drop_pages(&data)?;
-    if !dropped.emptied() {
-        bail!(
-            "posix_fadvise(DONTNEED) left {} of {} pages of {} in the page cache (tmpfs?): pass --dir on a disk-backed \
-             filesystem, or --page-cache-as-left",
-            dropped.resident_after,
-            dropped.total_pages,
-            data.display()
-        );
-    }
-    coldio::warm(&data)?;
-    Ok(())
-}
-
 fn measure(index: &Index, queries: &[Vec<f32>], truth: &[HashSet<u64>], a: &Args) -> Result<Measured> {
     let mut best = Measured { recall: 0.0, qps: 0.0 };
     for pass in 0..a.passes {
