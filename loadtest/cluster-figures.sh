@@ -16,6 +16,12 @@
 #      the OTLP metrics push, OTEL_METRICS_EXPORTER=none), in interleaved
 #      rounds (the machine is noisy).
 #
+# Every process (shard nodes, coordinator, load generator) serves on
+# WORKERS worker threads (default 1): four or five processes share the two
+# cores here, and more threads than cores cost 15-20% of the searches
+# (docs/loadtest.md, "Worker threads"). WORKERS=0: tokio's default, one
+# per core in every process.
+#
 # Usage: loadtest/cluster-figures.sh [OUT_DIR]   (default bench-out/cluster)
 #        TELEMETRY_ONLY=1 EF=48 loadtest/cluster-figures.sh [OUT_DIR]: only
 #        the 3-shard ingest and step 5, at that ef
@@ -30,6 +36,8 @@ ds=${DATASET:-../shared/datasets/pypi}
 efs=${EFS:-24,32,40,48,56,64,72,80,96}
 rates=${RATES:-500,1000,1500,2000,2500,3000}
 rounds=${ROUNDS:-3}
+workers=${WORKERS:-1}
+if ((workers > 0)); then export TOKIO_WORKER_THREADS=$workers; fi
 mkdir -p "$out"
 data=$(mktemp -d)
 pids=()
@@ -59,12 +67,12 @@ start_cluster() {
   local nodes=()
   for ((i = 0; i < n; i++)); do
     env "$@" "$bin/shoal-shard-node" --node-id "shard-$i" --listen "127.0.0.1:$((7801 + i))" \
-      --data-dir "$data/$n/shard-$i" >>"$out/shard-$n-$i.log" 2>&1 &
+      --data-dir "$data/$n/shard-$i" --worker-threads "$workers" >>"$out/shard-$n-$i.log" 2>&1 &
     pids+=($!)
     nodes+=(--shard-node "shard-$i=127.0.0.1:$((7801 + i))")
   done
   for ((i = 0; i < n; i++)); do wait_port $((7801 + i)); done
-  env "$@" "$bin/shoal-coordinator" --listen 127.0.0.1:7800 "${nodes[@]}" >>"$out/coordinator-$n.log" 2>&1 &
+  env "$@" "$bin/shoal-coordinator" --listen 127.0.0.1:7800 "${nodes[@]}" --worker-threads "$workers" >>"$out/coordinator-$n.log" 2>&1 &
   pids+=($!)
   wait_port 7800
   sleep 1

@@ -37,6 +37,9 @@ pub struct CoordinatorConfig {
     pub max_message_bytes: usize,
     /// Connections of the gRPC listener.
     pub listener: ListenerConfig,
+    /// Threads serving requests; 0: one per core. Lower it when several
+    /// shoal processes share the machine's cores (`shoal_server::runtime`).
+    pub worker_threads: usize,
     /// Channels to the shard nodes and their health probes.
     pub peers: PeerSettings,
     /// Traces and metrics.
@@ -75,6 +78,7 @@ impl Default for CoordinatorConfig {
             status_timeout_ms: 1_000,
             max_message_bytes: 64 << 20,
             listener: ListenerConfig::default(),
+            worker_threads: 0,
             peers: PeerSettings::default(),
             telemetry: TelemetryConfig::default(),
             limits: Limits::default(),

@@ -2,7 +2,6 @@
 
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    shoal_coordinator::cli::run(shoal_coordinator::cli::Cli::parse()).await
+fn main() -> anyhow::Result<()> {
+    shoal_coordinator::cli::main(shoal_coordinator::cli::Cli::parse())
 }

@@ -444,15 +444,14 @@ pub fn run_role_if_asked() -> Option<anyhow::Result<()>> {
         "coordinator" => Role::Coordinator,
         _ => return None,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => return Some(Err(e.into())),
-    };
-    Some(runtime.block_on(async move {
-        use clap::Parser;
-        match role {
-            Role::ShardNode => shoal_shard_node::cli::run(shoal_shard_node::cli::Cli::try_parse_from(rest)?).await,
-            Role::Coordinator => shoal_coordinator::cli::run(shoal_coordinator::cli::Cli::try_parse_from(rest)?).await,
-        }
-    }))
+    Some(run_role(role, rest))
+}
+
+/// Runs `role` as its own binary would, on the runtime its configuration asks for.
+fn run_role(role: Role, args: Vec<std::ffi::OsString>) -> anyhow::Result<()> {
+    use clap::Parser;
+    match role {
+        Role::ShardNode => shoal_shard_node::cli::main(shoal_shard_node::cli::Cli::try_parse_from(args)?),
+        Role::Coordinator => shoal_coordinator::cli::main(shoal_coordinator::cli::Cli::try_parse_from(args)?),
+    }
 }

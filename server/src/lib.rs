@@ -13,6 +13,7 @@ mod listener;
 mod process_metrics;
 pub mod propagation;
 mod rpc_metrics;
+pub mod runtime;
 pub mod sampling;
 mod shed;
 mod signal;

@@ -1,5 +1,6 @@
 //! The process's own gauges, the names Prometheus client libraries use:
-//! resident memory, open file descriptors, and the build.
+//! resident memory, open file descriptors, and the build; and the worker
+//! threads of the runtime it serves on.
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
@@ -26,6 +27,15 @@ pub(crate) fn register(meter: &Meter) {
             }
         })
         .build();
+    // Fixed for the process's life: read once, on the runtime registering.
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let workers = rt.metrics().num_workers() as u64;
+        let _ = meter
+            .u64_observable_gauge("shoal.runtime.worker_threads")
+            .with_description("Threads of the runtime serving requests (worker_threads)")
+            .with_callback(move |obs| obs.observe(workers, &[]))
+            .build();
+    }
     let _ = meter
         .u64_observable_gauge("shoal.build.info")
         .with_description("Always 1; the labels say which build runs")

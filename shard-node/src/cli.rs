@@ -35,6 +35,12 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip)]
     pub insecure: bool,
+    /// Threads serving requests (worker_threads; default one per core):
+    /// with several shoal processes on one machine, its cores divided
+    /// among them.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_threads: Option<usize>,
     /// With etcd, shard nodes register there and coordinators read
     /// membership and placement from it.
     #[command(flatten)]
@@ -50,6 +56,13 @@ impl Cli {
         cfg.listener.insecure |= self.insecure;
         Ok(cfg)
     }
+}
+
+/// The binary: its configuration first, then the runtime that asks for,
+/// then [`run`] on it.
+pub fn main(cli: Cli) -> anyhow::Result<()> {
+    let workers = cli.config()?.worker_threads;
+    shoal_server::runtime::build(workers)?.block_on(run(cli))
 }
 
 /// What the binary does: serve until SIGINT/SIGTERM, then shut down

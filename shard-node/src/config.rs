@@ -31,6 +31,10 @@ pub struct ShardNodeConfig {
     pub max_message_bytes: usize,
     /// Connections of the gRPC listener.
     pub listener: ListenerConfig,
+    /// Threads serving requests (and running small searches); 0: one per
+    /// core. Lower it when several shoal processes share the machine's
+    /// cores (`shoal_server::runtime`).
+    pub worker_threads: usize,
     /// How much this node takes on.
     pub limits: NodeLimits,
     /// Traces and metrics.
@@ -63,6 +67,7 @@ impl Default for ShardNodeConfig {
             data_dir: PathBuf::from("./shoal-data/shard-0"),
             max_message_bytes: 64 << 20,
             listener: ListenerConfig::default(),
+            worker_threads: 0,
             limits: NodeLimits::default(),
             telemetry: TelemetryConfig::default(),
             engine: EngineConfig::default(),

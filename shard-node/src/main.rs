@@ -2,7 +2,6 @@
 
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    shoal_shard_node::cli::run(shoal_shard_node::cli::Cli::parse()).await
+fn main() -> anyhow::Result<()> {
+    shoal_shard_node::cli::main(shoal_shard_node::cli::Cli::parse())
 }

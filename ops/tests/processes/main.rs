@@ -66,6 +66,7 @@ fn main() -> ExitCode {
             telemetry::sampled_searches_are_whole_traces_and_the_others_leave_no_span,
         ),
         trial("metrics_move_with_the_work_done", telemetry::metrics_move_with_the_work_done),
+        trial("worker_threads_sets_the_threads_each_process_serves_on", telemetry::worker_threads_sets_the_threads_each_process_serves_on),
         trial("shoalctl_top_shows_the_metrics_of_each_node", telemetry::shoalctl_top_shows_the_metrics_of_each_node),
         trial("an_unreachable_otlp_collector_stalls_nothing", telemetry::an_unreachable_otlp_collector_stalls_nothing),
         trial(

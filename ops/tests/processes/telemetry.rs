@@ -452,3 +452,42 @@ pub(crate) fn an_unreachable_otlp_collector_stalls_nothing() -> anyhow::Result<(
     }
     Ok(())
 }
+
+/// `worker_threads` is the number of threads each process serves on (what
+/// several processes sharing a machine's cores divide among them), and
+/// `/metrics` says it; a process told 1 still serves; a number past the
+/// bound stops the process before it serves, naming the setting.
+pub(crate) fn worker_threads_sets_the_threads_each_process_serves_on() -> anyhow::Result<()> {
+    let fx = Fixture::start(2, |spec| {
+        spec.node_env_of.insert(0, vec![("SHOAL_SHARD_WORKER_THREADS".into(), "1".into())]);
+        spec.coordinator_env.push(("SHOAL_COORD_WORKER_THREADS".into(), "1".into()));
+    })?;
+    let cores = std::thread::available_parallelism()?.get() as f64;
+    block_on(async {
+        let workers = "shoal_runtime_worker_threads";
+        let coord = scrape(fx.cluster.coordinator.addr).await?;
+        check!(fx, sample(&coord, workers, &[]) == 1.0, "coordinator told 1:\n{coord}");
+        let one = scrape(fx.cluster.nodes[0].addr).await?;
+        check!(fx, sample(&one, workers, &[]) == 1.0, "node told 1:\n{one}");
+        let default = scrape(fx.cluster.nodes[1].addr).await?;
+        check!(fx, sample(&default, workers, &[]) == cores, "node left at the default: one per core ({cores}):\n{default}");
+
+        let mut client = fx.client().await?;
+        let mut rng = rng("worker_threads_sets_the_threads_each_process_serves_on");
+        create(&mut client, "docs", 16, 2).await?;
+        upsert_all(&mut client, "docs", points(&mut rng, 16, 0..200), 100).await?;
+        let found = client
+            .search(v1::SearchRequest { collection: "docs".into(), vector: vector(&mut rng, 16), k: 5, ..Default::default() })
+            .await?
+            .into_inner();
+        check!(fx, found.hits.len() == 5 && found.shards_answered == 2, "{found:?}");
+        Ok(())
+    })?;
+
+    let refused = match Fixture::start(1, |spec| spec.node_env.push(("SHOAL_SHARD_WORKER_THREADS".into(), "5000".into()))) {
+        Ok(_) => anyhow::bail!("a shard node told to run 5000 worker threads started"),
+        Err(e) => format!("{e:#}"),
+    };
+    anyhow::ensure!(refused.contains("worker_threads must be between 0 (one per core) and 1024, got 5000"), "{refused}");
+    Ok(())
+}
