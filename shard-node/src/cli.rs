@@ -59,16 +59,15 @@ impl Cli {
 }
 
 /// The binary: its configuration first, then the runtime that asks for,
-/// then [`run`] on it.
+/// then [`serve`] on it.
 pub fn main(cli: Cli) -> anyhow::Result<()> {
-    let workers = cli.config()?.worker_threads;
-    shoal_server::runtime::build(workers)?.block_on(run(cli))
+    let cfg = cli.config()?;
+    shoal_server::runtime::build(cfg.worker_threads)?.block_on(serve(cfg))
 }
 
 /// What the binary does: serve until SIGINT/SIGTERM, then shut down
 /// gracefully. Prints `shard node <id> listening on <addr>` once serving.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let cfg = cli.config()?;
+pub async fn serve(cfg: ShardNodeConfig) -> anyhow::Result<()> {
     let telemetry = shoal_server::telemetry::init("shoal-shard-node", &cfg.node_id, &cfg.telemetry);
     let node = RunningShardNode::start(&cfg).await?;
     println!("shard node {} listening on {}", cfg.node_id, node.addr);
