@@ -44,19 +44,7 @@ pub(crate) fn content_digest(store: &Store, txn: &RoTxn<'_, WithoutTls>, params:
     for item in store.dbs.external.iter(txn).map_err(|e| store.err(e))? {
         let (external, internal) = item.map_err(|e| store.err(e))?;
         let internal = codec::decode_mapped_id(internal).ok_or_else(|| corrupt(format!("id map entry {external} is malformed")))?;
-        let (block, slot) = (internal / per_block, (internal % per_block) as usize);
-        let values = store
-            .dbs
-            .vectors
-            .get(txn, block)
-            .map_err(|e| store.err(e))?
-            .ok_or_else(|| corrupt(format!("the vector block of live point {internal} is missing")))?;
-        // Checked before they are read: a damaged length would run the
-        // hash past the end of the map.
-        let vector = values
-            .get(slot * vector_bytes..(slot + 1) * vector_bytes)
-            .filter(|_| values.len() % vector_bytes == 0 && values.len() <= per_block as usize * vector_bytes)
-            .ok_or_else(|| corrupt(format!("vector block {block} (of node {internal}) has {} bytes", values.len())))?;
+        let vector = crate::session::stored_vector(store, txn, vector_bytes, per_block, internal)?;
         let payload = store.dbs.payloads.get(txn, internal).map_err(|e| store.err(e))?;
         if let Some(p) = payload {
             store.check_len(p.len(), || format!("the payload of node {internal}"))?;

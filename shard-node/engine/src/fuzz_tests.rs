@@ -277,11 +277,11 @@ fn valid_log_value(capacity: usize, next_id: u32) -> impl Strategy<Value = Vec<u
 }
 
 fn valid_batch_log_entry(dim: usize) -> impl Strategy<Value = Vec<u8>> {
-    let point = (any::<u64>(), vector(dim), proptest::option::of(vec(any::<u8>(), 0..24)));
+    let point = (any::<u64>(), proptest::option::of(vector(dim)), proptest::option::of(vec(any::<u8>(), 0..24)));
     let source = proptest::option::of(("[a-z0-9-]{1,16}", any::<u64>()).prop_map(|(source, offset)| SourceOffset { source, offset }));
     (source, vec(any::<u64>(), 0..6), vec(point, 0..6)).prop_map(move |(source, deletes, points)| {
         let mut out = Vec::new();
-        batch_log::encode(&mut out, source.as_ref(), &deletes, points.iter().map(|(id, v, p)| (*id, v.as_slice(), p.as_deref())), dim);
+        batch_log::encode(&mut out, source.as_ref(), &deletes, points.iter().map(|(id, v, p)| (*id, v.as_deref(), p.as_deref())), dim);
         out
     })
 }
@@ -529,12 +529,18 @@ proptest! {
         let read_dim = if wrong { dim + 1 } else { dim };
         let (entry, largest) = largest_allocation(|| batch_log::decode(3, &b, read_dim));
         prop_assert!(largest <= allowed(b.len()), "{} bytes allocated for {} bytes", largest, b.len());
-        if let Some(e) = entry {
+        if let Some(d) = entry {
             let mut again = Vec::new();
-            let points = e.points.iter().map(|p| (p.id, p.vector.as_slice(), p.payload.as_deref()));
+            let e = &d.entry;
+            let points = e.points.iter().enumerate().map(|(i, p)| {
+                (p.id, (!d.by_reference.contains(&i)).then_some(p.vector.as_slice()), p.payload.as_deref())
+            });
             batch_log::encode(&mut again, e.source.as_ref(), &e.deletes, points, read_dim);
             let back = batch_log::decode(3, &again, read_dim);
-            prop_assert!(back.as_ref().is_some_and(|back| same_entry(back, &e)), "{:?} vs {:?}", back, e);
+            prop_assert!(
+                back.as_ref().is_some_and(|back| same_entry(&back.entry, e) && back.by_reference == d.by_reference),
+                "{:?} vs {:?}", back, d
+            );
         }
     }
 

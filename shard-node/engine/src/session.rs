@@ -280,6 +280,30 @@ pub(crate) fn lookup_external(store: &Store, txn: &RoTxn<'_, WithoutTls>, id: u6
     }
 }
 
+/// The stored bytes of node `internal`'s vector (`vector_bytes` each,
+/// `per_block` to a block), checked against its block's length: a damaged
+/// length would read past the map.
+pub(crate) fn stored_vector<'t>(
+    store: &Store,
+    txn: &'t RoTxn<'_, WithoutTls>,
+    vector_bytes: usize,
+    per_block: u32,
+    internal: u32,
+) -> Result<&'t [u8]> {
+    let corrupt = |detail: String| Error::Corrupt { path: store.path.clone(), detail };
+    let (block, slot) = (internal / per_block, (internal % per_block) as usize);
+    let values = store
+        .dbs
+        .vectors
+        .get(txn, block)
+        .map_err(|e| store.err(e))?
+        .ok_or_else(|| corrupt(format!("the vector block of node {internal} is missing")))?;
+    values
+        .get(slot * vector_bytes..(slot + 1) * vector_bytes)
+        .filter(|_| values.len() % vector_bytes == 0 && values.len() <= per_block as usize * vector_bytes)
+        .ok_or_else(|| corrupt(format!("vector block {block} (of node {internal}) has {} bytes", values.len())))
+}
+
 pub(crate) fn read_offset(store: &Store, txn: &RoTxn<'_, WithoutTls>, source: &str) -> Result<Option<u64>> {
     let v = store.dbs.offsets.get(txn, source.as_bytes()).map_err(|e| store.err(e))?;
     match v {

@@ -6,7 +6,7 @@ use heed::types::Bytes;
 use heed::{CommitOrAbort, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
 
 use crate::error::{Error, Result};
-use crate::table::{Block, Db, Epoch, ExternalId, InternalId, LevelId, LogPart, MalformedKey, Name, RetiredKey, Table};
+use crate::table::{Block, Db, Epoch, ExternalId, InternalId, LevelId, LogPart, MalformedKey, Name, PointSeq, RetiredKey, SeqPoint, Table};
 
 /// The databases of one index, each typed by its key (see `table`).
 #[derive(Clone, Copy)]
@@ -41,11 +41,32 @@ pub(crate) struct Dbs {
     /// (kind, internal id) → nothing: every retired id (tombstone), the ids
     /// a later batch may reuse for new points.
     pub(crate) retired: Table<RetiredKey>,
+    /// (external id, sequence number) → the vector the point had before
+    /// that batch replaced or deleted it, while a batch log entry still
+    /// refers to it (`batch_log`).
+    pub(crate) log_vectors: Table<PointSeq>,
+    /// (sequence number, external id) → nothing: the same copies, in the
+    /// order the log lets them go.
+    pub(crate) log_vectors_by_seq: Table<SeqPoint>,
 }
 
 /// The databases of an index, in the order of [`Dbs`]'s fields.
-const DB_NAMES: [&str; 12] =
-    ["meta", "vectors", "codes", "links0", "links0_log", "links_up", "nodes", "external", "payloads", "offsets", "batch_log", "retired"];
+const DB_NAMES: [&str; 14] = [
+    "meta",
+    "vectors",
+    "codes",
+    "links0",
+    "links0_log",
+    "links_up",
+    "nodes",
+    "external",
+    "payloads",
+    "offsets",
+    "batch_log",
+    "retired",
+    "log_vectors",
+    "log_vectors_by_seq",
+];
 
 /// How the environment is opened.
 #[derive(Clone, Debug)]
@@ -109,7 +130,7 @@ impl Store {
                 let open = |name: &'static str| {
                     // Created on first open by a build that has it: an
                     // index written before it starts with an empty log.
-                    if fresh || name == "batch_log" || name == "retired" {
+                    if fresh || matches!(name, "batch_log" | "retired" | "log_vectors" | "log_vectors_by_seq") {
                         dbo.create_database::<Bytes, Bytes>(wtxn, Some(name)).map(Some)
                     } else {
                         dbo.open_database::<Bytes, Bytes>(wtxn, Some(name))
@@ -128,7 +149,23 @@ impl Store {
             dbs.push(db);
         }
         let all = std::array::from_fn(|i| (DB_NAMES[i], dbs[i]));
-        let [meta, vectors, codes, links0, links0_log, links_up, nodes, external, payloads, offsets, batch_log, retired] = dbs[..] else {
+        let [
+            meta,
+            vectors,
+            codes,
+            links0,
+            links0_log,
+            links_up,
+            nodes,
+            external,
+            payloads,
+            offsets,
+            batch_log,
+            retired,
+            log_vectors,
+            log_vectors_by_seq,
+        ] = dbs[..]
+        else {
             unreachable!("one database per name");
         };
         let page = env.read_txn().ok().and_then(|t| meta.stat(&t).ok()).map_or(page, |s| u64::from(s.page_size));
@@ -145,6 +182,8 @@ impl Store {
             offsets: Table::new(offsets, "offsets"),
             batch_log: Table::new(batch_log, "batch_log"),
             retired: Table::new(retired, "retired"),
+            log_vectors: Table::new(log_vectors, "log_vectors"),
+            log_vectors_by_seq: Table::new(log_vectors_by_seq, "log_vectors_by_seq"),
         };
         Ok(Store { env, dbs, all, path: path.to_owned(), max_map_size: opts.max_map_size, page })
     }

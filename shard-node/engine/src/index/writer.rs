@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use heed::RwTxn;
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 
 use crate::batch::{Batch, BatchOutcome, Op, Write, Written};
 use crate::batch_log::{self, LogApplied, LogEntry};
@@ -275,6 +276,11 @@ impl Index {
     /// sequence numbers and drops the oldest entries past the retention.
     /// `live` is the shard's point count after the group. Returns the log's
     /// first sequence number and bytes afterwards.
+    ///
+    /// A point the group leaves as an entry says is logged by reference
+    /// (its slot holds the vector); the points the group retires keep their
+    /// old vectors for the entries before the group, under the group's
+    /// first number (see `batch_log::encode`).
     fn write_batch_log(
         &self,
         wtxn: &mut RwTxn<'_>,
@@ -292,37 +298,60 @@ impl Index {
             // Off: nothing is kept, and entries an earlier setting kept
             // would leave a hole in the numbers: drop them.
             if state.log_entries() > 0 {
-                db.clear(wtxn).map_err(err)?;
+                batch_log::clear(store, wtxn).map_err(err)?;
             }
             return Ok((plan.last_seq + 1, 0));
         }
         let (mut first, mut bytes) = (state.log_first_seq, state.log_bytes);
         let dim = self.params.dim as usize;
         let max_bytes = retention.byte_limit(live, dim);
+        if state.log_entries() > 0 {
+            // An entry before the group may refer to any of them (whether
+            // one does is not recorded: each is kept).
+            let (vector_bytes, per_block) = (self.params.vector_bytes(), self.params.vectors_per_block());
+            let mut old = Vec::with_capacity(vector_bytes);
+            for &dead in &plan.tombstones {
+                let record = session::read_node(store, wtxn, dead)?;
+                old.clear();
+                old.extend_from_slice(session::stored_vector(store, wtxn, vector_bytes, per_block, dead)?);
+                bytes += batch_log::keep_old_vector(store, wtxn, record.external, state.last_seq + 1, &old).map_err(err)?;
+            }
+        }
+        // Which upsert left each point: the vector its slot now holds.
+        let left: FxHashMap<u64, *const f32> = plan.inserts.iter().map(|p| (p.external, p.vector.as_ptr())).collect();
         let mut value = Vec::new();
         for logged in &plan.logged {
             let batch = &items[logged.item].batch;
             let points = logged.upserts.iter().filter_map(|&op| match &batch.ops[op] {
-                Op::Upsert(p) => Some((p.id, p.vector.as_slice(), p.payload.as_deref())),
+                Op::Upsert(p) => {
+                    let by_reference = left.get(&p.id) == Some(&p.vector.as_ptr());
+                    Some((p.id, (!by_reference).then_some(p.vector.as_slice()), p.payload.as_deref()))
+                }
                 Op::Delete(_) | Op::DeleteIfPresent(_) => None,
             });
             let points: Vec<_> = points.collect();
-            batch_log::encode(&mut value, batch.source.as_ref(), &logged.deletes, points.into_iter(), dim);
+            bytes += batch_log::encode(&mut value, batch.source.as_ref(), &logged.deletes, points.into_iter(), dim);
             // Sequence numbers only grow: every entry goes after the rest.
             batch_log::append(db, wtxn, logged.seq, &value).map_err(err)?;
-            bytes += value.len() as u64;
         }
         // The oldest go first; the newest always stays.
         let mut entries = (plan.last_seq + 1).saturating_sub(first);
         while entries > max_batches || (entries > 1 && bytes > max_bytes) {
-            let len = batch_log::delete(db, wtxn, first)
-                .map_err(err)?
-                .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("batch log entry {first} is missing") })?;
+            let len = match batch_log::delete(db, wtxn, first).map_err(err)? {
+                batch_log::Deleted::Entry(len) => len,
+                batch_log::Deleted::Missing => return Err(self.corrupt(format!("batch log entry {first} is missing"))),
+                batch_log::Deleted::Malformed => return Err(self.corrupt(format!("batch log entry {first} is malformed"))),
+            };
             bytes = bytes.saturating_sub(len);
             first += 1;
             entries -= 1;
+            bytes = bytes.saturating_sub(batch_log::drop_old_vectors(store, wtxn, first, dim).map_err(err)?);
         }
         Ok((first, bytes))
+    }
+
+    fn corrupt(&self, detail: String) -> Attempt {
+        Attempt::Failed(Error::Corrupt { path: self.store.path.clone(), detail })
     }
 
     /// Up to `wanted` ids retired by earlier commits for this batch's new

@@ -204,6 +204,57 @@ proptest! {
     }
 }
 
+/// An entry keeps saying what its batch did while later batches replace
+/// and delete its points and their slots are vacuumed and reused: the log
+/// holds most vectors by reference to the points' slots (`batch_log`), so
+/// this is what the references must survive.
+fn entries_outlive_their_points(metric: Metric, groups: Vec<Vec<ModelBatch>>, vacuum: Vec<bool>, max_bytes: u64) {
+    let retention = BatchLogRetention { max_bytes, min_bytes: 0, ..BatchLogRetention::default() };
+    let opts = IndexOptions { batch_log: retention, ..test_options() };
+    let a = Fixture::with(IndexParams::new(DIM as u32, metric), opts.clone());
+    let mut written: BTreeMap<u64, LogEntry> = BTreeMap::new();
+    for (g, group) in groups.iter().enumerate() {
+        let before = a.index.stats().unwrap().last_seq;
+        a.index.apply_group(group.iter().map(to_batch).collect()).unwrap();
+        // Right after its commit an entry reads as its batch left the points
+        // (unless the retention took it in the same commit).
+        let from = (before + 1).max(a.index.stats().unwrap().batch_log_first_seq);
+        for e in a.index.read_log(from, u64::MAX).unwrap().entries {
+            written.insert(e.seq, e);
+        }
+        if vacuum[g % vacuum.len()] {
+            a.index.vacuum(usize::MAX).unwrap();
+        }
+        let s = a.index.stats().unwrap();
+        let read = a.index.read_log(s.batch_log_first_seq, u64::MAX).unwrap();
+        let held: Vec<&LogEntry> = written.range(s.batch_log_first_seq..).map(|(_, e)| e).collect();
+        assert_eq!(read.entries.iter().collect::<Vec<_>>(), held, "after group {g}");
+    }
+    // The same after a reopen.
+    let s = a.index.stats().unwrap();
+    let path = a.dir.path().join("shard");
+    let Fixture { dir, index } = a;
+    drop(index);
+    let index = Index::open(&path, opts).unwrap();
+    let read = index.read_log(s.batch_log_first_seq, u64::MAX).unwrap();
+    assert_eq!(read.entries.iter().collect::<Vec<_>>(), written.range(s.batch_log_first_seq..).map(|(_, e)| e).collect::<Vec<_>>());
+    drop(dir);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn entries_read_back_as_written_while_their_points_change(
+        metric in prop_oneof![Just(Metric::Cosine), Just(Metric::Euclidean)],
+        groups in groups(),
+        vacuum in proptest::collection::vec(any::<bool>(), 1..4),
+        max_bytes in prop_oneof![Just(u64::MAX), 200u64..4_000],
+    ) {
+        entries_outlive_their_points(metric, groups, vacuum, max_bytes);
+    }
+}
+
 /// Every applied batch takes the next number, skipped and invalid ones
 /// none; each entry holds what its batch did.
 #[test]
@@ -336,15 +387,17 @@ fn retention_follows_the_size_of_the_shard() {
     let read = f.index.read_log(s.batch_log_first_seq, u64::MAX).unwrap();
     assert_eq!(read.entries.len() as u64, s.batch_log_entries);
 
-    // The floor: 20 rewrites of 10 points fit in 10,000 bytes.
-    let floor = BatchLogRetention { min_bytes: 10_000, ..retention };
+    // The floor: 20 rewrites of 10 points fit in 20,000 bytes: each is
+    // an entry (454 bytes) and the 10 old vectors it replaced, which the
+    // log keeps for the entries before it (48 bytes each).
+    let floor = BatchLogRetention { min_bytes: 20_000, ..retention };
     let f = Fixture::with(IndexParams::new(dim, Metric::Cosine), IndexOptions { batch_log: floor, ..test_options() });
     for _ in 0..20 {
         f.index.apply(random_batch(&mut rng, dim as usize, 0..10)).unwrap();
     }
     let s = f.index.stats().unwrap();
     assert_eq!(s.batch_log_entries, 20, "{s:?}");
-    assert!(s.batch_log_bytes <= 10_000, "{s:?}");
+    assert_eq!(s.batch_log_bytes, 454 + 19 * (454 + 10 * 48), "{s:?}");
 }
 
 /// A copy applies entries of the source's log with the source's numbers:
