@@ -155,8 +155,8 @@ pub struct EngineConfig {
     pub batch_log_max_batches: u64,
     pub batch_log_max_bytes: u64,
     /// ... and at most this multiple of what the shard's own points take
-    /// in the log (0: no such bound): a copy further behind than its
-    /// shard's size is re-seeded from a snapshot faster than it replays.
+    /// in the log (0: no such bound; default 0.25): a copy further behind
+    /// than that is re-seeded from a snapshot faster than it replays.
     #[serde(deserialize_with = "non_negative")]
     pub batch_log_max_share: f64,
     /// ... which never cuts the log below these bytes.
@@ -289,6 +289,12 @@ pub struct WriterConfig {
     /// Tombstones per vacuum step when the writer vacuums while idle (0:
     /// never on its own; `shoalctl shard vacuum` still can).
     pub vacuum_step: usize,
+    /// Seconds without a write after which a shard is at rest and is
+    /// compacted once if its free pages are at least `rest_compact_ratio`
+    /// of its file (0: never; see `WriterOptions::rest_after`).
+    pub rest_after_secs: u64,
+    #[serde(deserialize_with = "share_or_zero")]
+    pub rest_compact_ratio: f64,
 }
 
 impl Default for WriterConfig {
@@ -299,6 +305,8 @@ impl Default for WriterConfig {
             max_group_parts: d.max_group_parts,
             max_group_ops: d.max_group_ops,
             vacuum_step: d.vacuum_step,
+            rest_after_secs: d.rest_after.as_secs(),
+            rest_compact_ratio: d.rest_compact_ratio,
         }
     }
 }
@@ -310,6 +318,8 @@ impl WriterConfig {
             max_group_parts: self.max_group_parts.max(1),
             max_group_ops: self.max_group_ops.max(1),
             vacuum_step: self.vacuum_step,
+            rest_after: std::time::Duration::from_secs(self.rest_after_secs),
+            rest_compact_ratio: self.rest_compact_ratio,
         }
     }
 }

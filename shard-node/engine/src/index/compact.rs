@@ -60,10 +60,16 @@ impl Index {
     /// at least `compact_min_bytes` (see [`crate::IndexOptions`]).
     /// False while a copy (a snapshot) streams.
     pub fn compact_due(&self) -> Result<bool> {
+        self.compact_due_at(self.opts.compact_free_ratio)
+    }
+
+    /// [`Index::compact_due`] at another ratio (0: never): a shard at rest
+    /// is worth compacting at a lower one, since no batch is about to
+    /// need the pages again (the shard node's `writer.rest_compact_ratio`).
+    pub fn compact_due_at(&self, ratio: f64) -> Result<bool> {
         if self.copies.load(Ordering::Acquire) > 0 {
             return Ok(false);
         }
-        let ratio = self.opts.compact_free_ratio;
         let file = {
             let _shared = self.resize.read();
             self.store.disk_bytes()
