@@ -112,54 +112,45 @@ impl TableKey for LogPart {
     }
 }
 
-/// Two big-endian u64s, the first the more significant.
-fn encode_pair(a: u64, b: u64) -> [u8; 16] {
-    let mut k = [0u8; 16];
-    k[..8].copy_from_slice(&a.to_be_bytes());
-    k[8..].copy_from_slice(&b.to_be_bytes());
-    k
+/// Keys that are two big-endian u64s, the first the more significant.
+macro_rules! pair_key {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        pub(crate) enum $name {}
+
+        impl TableKey for $name {
+            type Key<'a> = (u64, u64);
+            type Encoded<'a> = [u8; 16];
+            const WHAT: &'static str = $what;
+            #[inline]
+            fn encode((a, b): Self::Key<'_>) -> Self::Encoded<'_> {
+                let mut k = [0u8; 16];
+                k[..8].copy_from_slice(&a.to_be_bytes());
+                k[8..].copy_from_slice(&b.to_be_bytes());
+                k
+            }
+            fn decode(bytes: &[u8]) -> Option<Self::Key<'_>> {
+                let (a, b) = bytes.split_at_checked(8)?;
+                Some((Seq::decode(a)?, Seq::decode(b)?))
+            }
+        }
+    };
 }
 
-fn decode_pair(bytes: &[u8]) -> Option<(u64, u64)> {
-    let (a, b) = bytes.split_at_checked(8)?;
-    Some((Seq::decode(a)?, Seq::decode(b)?))
-}
-
-/// (external id, sequence number) of an old vector the batch log keeps
-/// (`batch_log`): the vector the point had before the batch of that
-/// number replaced or deleted it. A point's copies sort together, oldest
-/// first, so the one an entry needs is the first after the entry's number.
-pub(crate) enum PointSeq {}
-
-impl TableKey for PointSeq {
-    type Key<'a> = (u64, u64);
-    type Encoded<'a> = [u8; 16];
-    const WHAT: &'static str = "an (external id, sequence number) pair";
-    #[inline]
-    fn encode((id, seq): Self::Key<'_>) -> Self::Encoded<'_> {
-        encode_pair(id, seq)
-    }
-    fn decode(bytes: &[u8]) -> Option<Self::Key<'_>> {
-        decode_pair(bytes)
-    }
-}
-
-/// (sequence number, external id): the same copies in the order the log
-/// lets them go.
-pub(crate) enum SeqPoint {}
-
-impl TableKey for SeqPoint {
-    type Key<'a> = (u64, u64);
-    type Encoded<'a> = [u8; 16];
-    const WHAT: &'static str = "a (sequence number, external id) pair";
-    #[inline]
-    fn encode((seq, id): Self::Key<'_>) -> Self::Encoded<'_> {
-        encode_pair(seq, id)
-    }
-    fn decode(bytes: &[u8]) -> Option<Self::Key<'_>> {
-        decode_pair(bytes)
-    }
-}
+pair_key!(
+    /// (external id, sequence number) of an old vector the batch log keeps
+    /// (`batch_log`): the vector the point had before the batch of that
+    /// number replaced or deleted it. A point's copies sort together, oldest
+    /// first, so the one an entry needs is the first after the entry's number.
+    PointSeq,
+    "an (external id, sequence number) pair"
+);
+pair_key!(
+    /// (sequence number, external id): the same copies in the order the log
+    /// lets them go.
+    SeqPoint,
+    "a (sequence number, external id) pair"
+);
 
 /// (level, internal id) of an upper-layer list, so each layer is one
 /// contiguous, append-only run of the B-tree and upper layers stay compact.
