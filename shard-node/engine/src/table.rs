@@ -90,65 +90,54 @@ be_key!(
     "a sequence number"
 );
 
-/// (sequence number, part) of a piece of a batch log entry: the entry's
-/// parts in order, and every entry after the ones before it, so the log
-/// is one append-only run.
-pub(crate) enum LogPart {}
-
-impl TableKey for LogPart {
-    type Key<'a> = (u64, u32);
-    type Encoded<'a> = [u8; 12];
-    const WHAT: &'static str = "a (sequence number, part) pair";
-    #[inline]
-    fn encode((seq, part): Self::Key<'_>) -> Self::Encoded<'_> {
-        let mut k = [0u8; 12];
-        k[..8].copy_from_slice(&seq.to_be_bytes());
-        k[8..].copy_from_slice(&part.to_be_bytes());
-        k
-    }
-    fn decode(bytes: &[u8]) -> Option<Self::Key<'_>> {
-        let (seq, part) = bytes.split_at_checked(8)?;
-        Some((Seq::decode(seq)?, InternalId::decode(part)?))
-    }
-}
-
-/// Keys that are two big-endian u64s, the first the more significant.
+/// Keys that are a big-endian u64 then a second big-endian integer, the
+/// first the more significant.
 macro_rules! pair_key {
-    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+    ($(#[$doc:meta])* $name:ident, $second:ty, $what:literal) => {
         $(#[$doc])*
         pub(crate) enum $name {}
 
         impl TableKey for $name {
-            type Key<'a> = (u64, u64);
-            type Encoded<'a> = [u8; 16];
+            type Key<'a> = (u64, $second);
+            type Encoded<'a> = [u8; 8 + size_of::<$second>()];
             const WHAT: &'static str = $what;
             #[inline]
             fn encode((a, b): Self::Key<'_>) -> Self::Encoded<'_> {
-                let mut k = [0u8; 16];
+                let mut k = [0u8; 8 + size_of::<$second>()];
                 k[..8].copy_from_slice(&a.to_be_bytes());
                 k[8..].copy_from_slice(&b.to_be_bytes());
                 k
             }
             fn decode(bytes: &[u8]) -> Option<Self::Key<'_>> {
                 let (a, b) = bytes.split_at_checked(8)?;
-                Some((Seq::decode(a)?, Seq::decode(b)?))
+                Some((Seq::decode(a)?, <$second>::from_be_bytes(b.try_into().ok()?)))
             }
         }
     };
 }
 
 pair_key!(
+    /// (sequence number, part) of a piece of a batch log entry: the entry's
+    /// parts in order, and every entry after the ones before it, so the log
+    /// is one append-only run.
+    LogPart,
+    u32,
+    "a (sequence number, part) pair"
+);
+pair_key!(
     /// (external id, sequence number) of an old vector the batch log keeps
     /// (`batch_log`): the vector the point had before the batch of that
     /// number replaced or deleted it. A point's copies sort together, oldest
     /// first, so the one an entry needs is the first after the entry's number.
     PointSeq,
+    u64,
     "an (external id, sequence number) pair"
 );
 pair_key!(
     /// (sequence number, external id): the same copies in the order the log
     /// lets them go.
     SeqPoint,
+    u64,
     "a (sequence number, external id) pair"
 );
 
