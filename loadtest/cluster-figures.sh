@@ -144,8 +144,25 @@ telemetry_run() { # telemetry_run NAME ROUND: one configuration's closed loop
   tracedonly) start_cluster 3 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 OTEL_METRICS_EXPORTER=none \
     SHOAL_SHARD_TELEMETRY__SAMPLING_RATIO=0.01 SHOAL_COORD_TELEMETRY__SAMPLING_RATIO=0.01 ;;
   esac
+  local before after
+  before=$(cpu_ticks "${pids[@]}")
   q "telemetry-$1-$2" --clients 8 --ef "$ef" --duration 15s
+  after=$(cpu_ticks "${pids[@]}")
+  echo $((after - before)) >"$out/telemetry-$1-$2.cpu"
   stop_cluster
+}
+# cpu_ticks PID...: user + system clock ticks the processes have used.
+# The cluster's CPU per query is a steadier measure of what telemetry
+# costs than queries/s on a shared machine, where other tenants move the
+# throughput by more than the effect (docs/loadtest.md).
+cpu_ticks() {
+  local p t=0 f
+  for p in "$@"; do
+    read -ra f <"/proc/$p/stat"
+    # Fields 14 and 15 (utime, stime); the name in field 2 has no spaces here.
+    t=$((t + f[13] + f[14]))
+  done
+  echo "$t"
 }
 # The order turns every round, so that no configuration always runs first
 # or last after a restart.
@@ -157,4 +174,23 @@ for ((round = 1; round <= rounds; round++)); do
 done
 kill -INT "$sink" && wait "$sink" || true
 cat "$out/otlp-sink.log"
+python3 - "$out" "$rounds" "$(getconf CLK_TCK)" "${configs[@]}" <<'PY'
+# Per configuration: queries/s and the cluster's CPU per query, each
+# round's against the default's of the same round.
+import json, statistics as st, sys
+out, rounds, hz, configs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+def run(c, r):
+    p = json.load(open(f"{out}/telemetry-{c}-{r}.json"))["phases"][0]
+    ok = p["counts"]["ok"]
+    ticks = int(open(f"{out}/telemetry-{c}-{r}.cpu").read())
+    return p["ok_per_s"], ticks / hz / ok * 1e6
+rows = {c: [run(c, r) for r in range(1, rounds + 1)] for c in configs}
+print("setting | queries/s median | vs default (per-round median) | CPU us/query median | vs default (per-round median, range)")
+for c in configs:
+    q = [x[0] for x in rows[c]]; u = [x[1] for x in rows[c]]
+    dq = [a[0] / b[0] - 1 for a, b in zip(rows[c], rows[configs[0]])]
+    du = [a[1] / b[1] - 1 for a, b in zip(rows[c], rows[configs[0]])]
+    print(f"{c} | {st.median(q):,.0f} | {st.median(dq):+.1%} | {st.median(u):.1f} | "
+          f"{st.median(du):+.1%} ({min(du):+.1%}..{max(du):+.1%})")
+PY
 log "reports in $out"

@@ -20,6 +20,7 @@ use crate::table::Retired;
 mod compact;
 mod exclusive;
 mod fold;
+mod log_policy;
 mod options;
 mod reader;
 mod vacuum;

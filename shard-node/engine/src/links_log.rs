@@ -90,6 +90,11 @@ impl LogIndex {
         self.records
     }
 
+    /// Records in the log's largest value (0 if it is empty).
+    pub(crate) fn largest_value(&self) -> u64 {
+        self.counts.iter().copied().max().map_or(0, u64::from)
+    }
+
     /// Values in the log.
     pub(crate) fn values(&self) -> &[u64] {
         &self.values

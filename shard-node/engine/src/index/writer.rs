@@ -25,8 +25,9 @@ use crate::store::{self, Store};
 use crate::table::{Block, Name, Retired, Table};
 use crate::view::Frozen;
 
+use super::Index;
 use super::exclusive::Copies;
-use super::{Index, LinkLog};
+use super::log_policy::{self, Changed, Layer, LogDecision, LogShape};
 
 impl Index {
     /// Applies one batch atomically, unfenced. Invalid input is an
@@ -778,58 +779,27 @@ impl Index {
     /// What this batch does with the changed lists of existing nodes,
     /// `old` (ascending ids), in an index of `nodes` nodes before it.
     fn log_decision(&self, log: &LogIndex, old: &[(u32, &[u32])], nodes: u32) -> LogDecision {
-        // The log holds at most twice as many lists as the index has nodes:
-        // past that it is larger than the blocks it shadows, and a fold
-        // (which rewrites at most every block) costs less than carrying it.
-        let Some(fold_lists) = self.opts.link_log.fold_lists() else { return LogDecision::Fold };
-        let fold_lists = (fold_lists as u64).min(u64::from(nodes)).max(1);
-        if old.is_empty() {
-            return LogDecision::Keep;
-        }
-        let lists = old.len() as u64;
-        let records = log.records() + lists;
-        if records > 2 * fold_lists
-            || (log.is_empty() && records > fold_lists)
-            || log.values().len() >= links_log::MAX_VALUES
-            || old.len() > links_log::MAX_RECORDS
-        {
-            return LogDecision::Fold;
-        }
-        let list_bytes = codec::links_bytes(self.params.max_links(0)) as u64;
-        let per_block = codec::links0_block_nodes(self.params.max_links(0)) as u32;
-        let all_blocks = u64::from(nodes.div_ceil(per_block));
-        if log.pass().is_some() || records > fold_lists {
-            // A pass folds the log a range of blocks per batch, so no commit
-            // rewrites every block (at 1M points that was ~130 MiB of dirty
-            // pages in one batch). Its steps cover twice the batch's share
-            // of the blocks: the pass ends before the records it lets in
-            // take the log from `fold_lists` to twice that. A pass that
-            // would end in its first step is a fold.
-            let step = (2 * all_blocks * lists).div_ceil(fold_lists).max(1);
-            if log.pass().is_none() && step >= all_blocks {
-                return LogDecision::Fold;
-            }
-            return LogDecision::Append { step: Some(step.min(u64::from(u32::MAX)) as u32) };
-        }
-        if matches!(self.opts.link_log, LinkLog::Always { .. }) || !log.is_empty() {
-            return LogDecision::Append { step: None };
-        }
-        // With an empty log, choose by the bytes a batch costs: patching in
-        // place writes the blocks it touches; appending writes the records,
-        // plus its share of the fold that will rewrite (nearly) every block
-        // once the log holds `fold_lists` lists. A small index has few
-        // blocks and a batch touches most of them, so it keeps patching.
-        let block_bytes = list_bytes * u64::from(per_block);
-        let mut touched = 0u64;
+        let m0 = self.params.max_links(0);
+        let per_block = codec::links0_block_nodes(m0) as u32;
+        let mut blocks = 0u64;
         let mut last = None;
         for (id, _) in old {
             if last != Some(id / per_block) {
-                touched += 1;
+                blocks += 1;
                 last = Some(id / per_block);
             }
         }
-        let append = lists * links_log::record_bytes(list_bytes as usize) as u64 + all_blocks * block_bytes * lists / fold_lists;
-        if touched * block_bytes <= append { LogDecision::Fold } else { LogDecision::Append { step: None } }
+        log_policy::decide(
+            self.opts.link_log,
+            LogShape {
+                records: log.records(),
+                values: log.values().len(),
+                in_pass: log.pass().is_some(),
+                largest_value: log.largest_value(),
+            },
+            Changed { lists: old.len() as u64, blocks },
+            Layer { nodes, list_bytes: codec::links_bytes(m0) as u64, per_block },
+        )
     }
 
     /// The ids the next step of the log's pass folds (a new pass starts at
@@ -1004,18 +974,6 @@ struct Linked {
     entry: Option<(u32, u8)>,
     /// The link log's next version, if the batch appended to it or folded it.
     log: Option<LogIndex>,
-}
-
-/// What a batch does with the changed bottom lists of existing nodes.
-enum LogDecision {
-    /// It changed none: the log stays as it is.
-    Keep,
-    /// Append them to the log as one value, and fold the given number of
-    /// blocks of the log's pass (starting one if none is under way).
-    Append { step: Option<u32> },
-    /// Patch them and everything the log holds into the blocks, and empty
-    /// the log (with an empty log: plain patching in place).
-    Fold,
 }
 
 /// Why one write attempt stopped.
