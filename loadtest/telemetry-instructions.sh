@@ -42,14 +42,7 @@ stop_cluster() {
 }
 trap 'stop_cluster; [[ -n $sink ]] && kill "$sink" 2>/dev/null; rm -rf "$data"' EXIT
 
-wait_port() { # a process under callgrind takes seconds to start
-  for _ in $(seq 600); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "nothing listens on port $1" >&2
-  return 1
-}
+. loadtest/lib.sh # after the cd above
 
 # start_cluster WRAP [KEY=VALUE ...]: 3 shard nodes and a coordinator, each
 # run as `WRAP NAME binary ...` (WRAP "" runs them plain).
@@ -62,11 +55,11 @@ start_cluster() {
     pids+=($!)
     nodes+=(--shard-node "shard-$i=127.0.0.1:$((7811 + i))")
   done
-  for i in 0 1 2; do wait_port $((7811 + i)); done
+  for i in 0 1 2; do wait_port $((7811 + i)) 60; done
   env "$@" $wrap${wrap:+"$out/cg-coordinator.%p"} "$bin/shoal-coordinator" --listen 127.0.0.1:7810 "${nodes[@]}" \
     --worker-threads 1 >>"$out/coordinator.log" 2>&1 &
   pids+=($!)
-  wait_port 7810
+  wait_port 7810 60
 }
 
 q() { # q JSON ARGS...: closed-loop queries through the coordinator

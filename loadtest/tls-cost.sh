@@ -31,14 +31,7 @@ stop_cluster() {
 }
 trap 'stop_cluster; rm -rf "$data"' EXIT
 
-wait_port() {
-  for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "nothing listens on port $1" >&2
-  return 1
-}
+. loadtest/lib.sh # after the cd above
 
 "$bin/shoalctl" tls init --out "$data/tls" >/dev/null
 t=$data/tls
