@@ -239,6 +239,16 @@ impl Session {
         self.log.records()
     }
 
+    /// The epoch of the link log's newest value, if it holds any.
+    pub(crate) fn log_newest_value(&self) -> Option<u64> {
+        self.log.values().last().copied()
+    }
+
+    /// The epoch of the link log's oldest value, if it holds any.
+    pub(crate) fn log_oldest_value(&self) -> Option<u64> {
+        self.log.values().first().copied()
+    }
+
     /// Where the link log's fold under way is, if one is.
     pub(crate) fn log_fold_cursor(&self) -> Option<u32> {
         self.log.pass().map(|p| p.cursor)

@@ -63,17 +63,25 @@ impl Index {
 
     /// Writes every list of the link log into its block and empties the
     /// log of what it held when the fold began (batches may append more
-    /// meanwhile): the steps of [`Index::fold_link_log_step`] until the
-    /// pass ends. Nothing a search returns changes.
+    /// meanwhile): the steps of [`Index::fold_link_log_step`] until no
+    /// value of that time is left. A pass under way when the fold began
+    /// covers only the values before it, so its end may start another.
+    /// Nothing a search returns changes.
     pub fn fold_link_log(&self) -> Result<FoldOutcome> {
         let _span = tracing::debug_span!("engine.fold").entered();
+        let newest = self.snapshot()?.session.log_newest_value();
         let mut total = FoldOutcome { lists: 0, blocks: 0 };
         loop {
             let step = self.fold_link_log_step()?;
             total.lists += step.lists;
             total.blocks += step.blocks;
             if step.ended {
-                return Ok(total);
+                // Values are keyed by increasing epochs: one at or below
+                // `newest` was there when the fold began.
+                let oldest = self.snapshot()?.session.log_oldest_value();
+                if !matches!((oldest, newest), (Some(o), Some(n)) if o <= n) {
+                    return Ok(total);
+                }
             }
         }
     }

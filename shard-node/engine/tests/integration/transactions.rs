@@ -264,6 +264,30 @@ fn the_link_log_is_folded_a_range_of_blocks_per_commit() {
     assert_eq!(answers(&mut fx.index.snapshot().unwrap()), before);
 }
 
+/// A fold asked for mid-pass (`shoalctl shard vacuum`, the idle writer)
+/// empties the log of everything it held when it began: the pass under
+/// way covers only the values before it, so the fold goes on past it.
+#[test]
+fn a_fold_begun_mid_pass_empties_the_log_of_what_it_held() {
+    let mut rng = rng("a_fold_begun_mid_pass_empties_the_log_of_what_it_held");
+    let dim = 16;
+    let opts = IndexOptions { link_log: LinkLog::Always { fold_lists: 3000 }, fold_step_blocks: 3, idle_fold_ratio: 0.0, ..test_options() };
+    let fx = Fixture::with(IndexParams::new(dim as u32, Metric::Euclidean), opts);
+    fx.index.apply(random_batch(&mut rng, dim, 0..4000)).unwrap();
+    let mut b = 0u64;
+    // The batch that starts a pass appends its own value after the ones
+    // the pass covers.
+    while fx.index.stats().unwrap().link_log_fold_cursor.is_none() {
+        assert!(b < 100, "no pass started");
+        fx.index.apply(random_batch(&mut rng, dim, (b * 397 % 3900)..(b * 397 % 3900) + 5)).unwrap();
+        b += 1;
+    }
+    let lists = fx.index.stats().unwrap().link_log_lists;
+    let folded = fx.index.fold_link_log().unwrap();
+    assert_eq!(fx.index.stats().unwrap().link_log_lists, 0, "the fold left lists in the log");
+    assert_eq!(folded.lists, lists);
+}
+
 /// The points a batch upserts.
 fn upserted(batch: &Batch) -> Vec<(u64, Vec<f32>)> {
     batch
