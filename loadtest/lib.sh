@@ -11,3 +11,11 @@ wait_port() {
   echo "nothing listens on port $1" >&2
   return 1
 }
+
+# stop_cluster: stops the processes in the caller's `pids` array (TERM,
+# then waits for each) and empties it.
+stop_cluster() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}

@@ -35,14 +35,9 @@ mkdir -p "$out"
 data=$(mktemp -d)
 pids=()
 sink=
-stop_cluster() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
+. loadtest/lib.sh # after the cd above: wait_port, stop_cluster
 trap 'stop_cluster; [[ -n $sink ]] && kill "$sink" 2>/dev/null; rm -rf "$data"' EXIT
 
-. loadtest/lib.sh # after the cd above
 
 # start_cluster WRAP [KEY=VALUE ...]: 3 shard nodes and a coordinator, each
 # run as `WRAP NAME binary ...` (WRAP "" runs them plain).

@@ -24,14 +24,9 @@ data=$(mktemp -d)
 pids=()
 log() { printf '== %s\n' "$*" >&2; }
 
-stop_cluster() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
+. loadtest/lib.sh # after the cd above: wait_port, stop_cluster
 trap 'stop_cluster; rm -rf "$data"' EXIT
 
-. loadtest/lib.sh # after the cd above
 
 "$bin/shoalctl" tls init --out "$data/tls" >/dev/null
 t=$data/tls
