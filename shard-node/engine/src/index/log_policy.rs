@@ -71,16 +71,16 @@ pub(super) fn decide(mode: LinkLog, log: LogShape, changed: Changed, layer: Laye
         return LogDecision::Keep;
     }
     let lists = changed.lists;
-    // The log holds at most twice as many lists as the index has nodes:
-    // past that it is larger than the blocks it shadows, and a fold
-    // (which rewrites at most every block) costs less than carrying it.
-    // Sized for the largest batch the log holds too, so that smaller
-    // batches after large ones go on with the pass rather than fold the
-    // large ones' records whole.
+    // Room for `BATCHES_PER_FOLD` of this batch or of the largest one the
+    // log holds, so that smaller batches after large ones go on with the
+    // pass rather than fold the large ones' records whole.
     let fold_lists = match mode {
         LinkLog::Auto { .. } => (fold_lists as u64).max(BATCHES_PER_FOLD * lists.max(log.largest_value)),
         LinkLog::Off | LinkLog::Always { .. } => fold_lists as u64,
     };
+    // The log holds at most twice as many lists as the index has nodes:
+    // past that it is larger than the blocks it shadows, and a fold
+    // (which rewrites at most every block) costs less than carrying it.
     let fold_lists = fold_lists.min(u64::from(layer.nodes)).max(1);
     let records = log.records + lists;
     let empty = log.values == 0;

@@ -107,10 +107,10 @@ pub enum LinkLog {
     /// later fold, writes fewer bytes than patching their blocks would (so
     /// a small index, whose few blocks a batch rewrites anyway, keeps
     /// patching in place); fold once the log would hold more than
-    /// `fold_lists` lists, or four times the batch's changed lists if that
-    /// is more (so that a large batch into a large index folds in passes
-    /// rather than rewriting every block), but never more lists than the
-    /// index has nodes.
+    /// `fold_lists` lists, or four times the changed lists of this batch
+    /// or of the largest one the log holds if that is more (so that large
+    /// batches into a large index fold in passes rather than each rewriting
+    /// every block), but never more lists than the index has nodes.
     Auto {
         /// Lists the log may hold before a batch folds it. Each is
         /// `4 + 2 + 4·M0` bytes (134 with M=16) of disk, and every reader
