@@ -7,7 +7,10 @@ rows in one call, as bench.py and `index-bench --incremental-sizes` do.
 With --repeats R it adds R such batches, each into the index the one
 before it left, and reports their median (as `index-bench
 --incremental-repeats R`; the base file needs N + R x 1,000 rows, e.g.
-`make-million.sh --extra 16000`).
+`make-million.sh --extra 16000`). With --interleave it builds every size
+first and then adds round r's batch to each size in turn, and reports each
+size's per-round ratio to the first size's (`ratio_to_first`), as
+`index-bench --incremental-interleave` does.
 
   $py loadtest/scale/hnswlib-insert.py --base $MILLION/base.fvecs \
       --sizes 100000,1000000 --m 16 --ef-construction 100 --threads 2 --json hnswlib-insert.json
@@ -38,6 +41,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=10_000)
     ap.add_argument("--peers", default=os.path.join(os.environ.get("SHOAL_SHARED", os.path.join(here, "../../../shared")), "peers"))
+    ap.add_argument("--interleave", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
     sys.path.insert(0, a.peers)
@@ -45,32 +49,57 @@ def main():
 
     base = bench.read_vecs(a.base, np.float32)
     dim = base.shape[1]
-    out = []
+    sizes = []
     for size in [int(s) for s in a.sizes.split(",")]:
-        need = size + a.added * a.repeats
-        if need > len(base):
+        if size + a.added * a.repeats > len(base):
             print(f"skipping {a.repeats} x {a.added} into {size}: the base file has {len(base)} vectors", file=sys.stderr)
-            continue
-        ix = bench.Hnswlib(dim, a.metric, a.m, a.ef_construction, a.threads, need)
+        else:
+            sizes.append(size)
+
+    def build(size):
+        ix = bench.Hnswlib(dim, a.metric, a.m, a.ef_construction, a.threads, size + a.added * a.repeats)
         t0 = time.perf_counter()
         for s in range(0, size, a.batch_size):
             e = min(size, s + a.batch_size)
             ix.add(base[s:e], np.arange(s, e))
-        build = time.perf_counter() - t0
-        samples = []
-        for r in range(a.repeats):
-            s = size + r * a.added
-            t0 = time.perf_counter()
-            ix.add(base[s:s + a.added], np.arange(s, s + a.added))
-            samples.append(round((time.perf_counter() - t0) * 1000 / a.added, 4))
+        return {"size": size, "ix": ix, "build": time.perf_counter() - t0, "samples": []}
+
+    def insert(b, r):
+        s = b["size"] + r * a.added
+        t0 = time.perf_counter()
+        b["ix"].add(base[s:s + a.added], np.arange(s, s + a.added))
+        b["samples"].append(round((time.perf_counter() - t0) * 1000 / a.added, 4))
+
+    def entry(b, first):
+        size, build_s, samples = b["size"], b["build"], b["samples"]
         ms = float(np.median(samples))
-        print(f"hnswlib: built {size} in {build:.1f}s ({size / build:.0f}/s); {a.added} into {size}: {ms:.4f} ms/vector"
-              f" (median of {a.repeats}: {samples})", file=sys.stderr, flush=True)
-        out.append({"base": size, "added": a.added, "ms_per_vector": round(ms, 4), "samples": samples,
-                    "build_seconds": round(build, 3), "build_vectors_per_s": round(size / build, 1)})
-        del ix
+        e = {"base": size, "added": a.added, "ms_per_vector": round(ms, 4), "samples": samples,
+             "build_seconds": round(build_s, 3), "build_vectors_per_s": round(size / build_s, 1)}
+        note = ""
+        if first is not None:
+            ratios = [x / y for x, y in zip(samples, first)]
+            e["ratio_to_first"] = {"median": round(float(np.median(ratios)), 4), "rounds": [round(x, 4) for x in ratios]}
+            note = f"; {e['ratio_to_first']['median']:.3f}x the first size (median of the rounds' ratios)"
+        print(f"hnswlib: built {size} in {build_s:.1f}s ({size / build_s:.0f}/s); {a.added} into {size}: {ms:.4f} ms/vector"
+              f" (median of {a.repeats}: {samples}){note}", file=sys.stderr, flush=True)
+        return e
+
+    out = []
+    if a.interleave:
+        built = [build(size) for size in sizes]
+        for r in range(a.repeats):
+            for b in built:
+                insert(b, r)
+        out = [entry(b, built[0]["samples"]) for b in built]
+    else:
+        for size in sizes:
+            b = build(size)
+            for r in range(a.repeats):
+                insert(b, r)
+            out.append(entry(b, None))
+            del b
     res = {"lib": "hnswlib", "params": {"m": a.m, "ef_construction": a.ef_construction, "threads": a.threads,
-           "metric": a.metric, "batch_size": a.batch_size}, "incremental": out, "peak_rss_bytes": bench.peak_rss_anon()}
+           "metric": a.metric, "batch_size": a.batch_size, "interleave": a.interleave}, "incremental": out, "peak_rss_bytes": bench.peak_rss_anon()}
     print(json.dumps(res, indent=2))
     if a.json:
         json.dump(res, open(a.json, "w"), indent=2)

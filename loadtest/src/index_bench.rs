@@ -14,6 +14,8 @@ use crate::fvecs::VecFile;
 use crate::groundtruth;
 use crate::memory::{PeakSampler, release_free_memory};
 
+mod incremental;
+
 /// Flags of `index-bench`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -84,6 +86,12 @@ pub(crate) struct Args {
     /// machine; 1 is the peers' protocol.
     #[arg(long, default_value_t = 1)]
     incremental_repeats: usize,
+    /// Build every incremental size first, then send each round's batch
+    /// to every size in turn, and report each size's per-round ratio to
+    /// the first size's batch time (`ratio_to_first`). Each size's memory
+    /// is then not its own, so no `peak_rss_anon_bytes` is given.
+    #[arg(long)]
+    incremental_interleave: bool,
     /// Directory for the index environments (default: the system temp dir).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -268,79 +276,22 @@ pub(crate) fn run(a: Args) -> Result<()> {
     drop(index);
 
     // Incremental inserts.
-    let mut incremental = Vec::new();
-    if !a.no_incremental {
-        let added = a.incremental_batch;
-        for &size in &a.incremental_sizes {
-            if size + added * a.incremental_repeats.max(1) > base.len() {
-                eprintln!("skipping {added} into {size}: the base file has {} vectors", base.len());
-                continue;
-            }
-            let d = root.path().join(format!("inc-{size}"));
-            let idx = Index::open_or_create(&d, params, opts.clone())?;
-            let build = Instant::now();
-            let mut s = 0;
-            while s < size {
-                let e = (s + a.batch_size).min(size);
-                idx.apply(read_batch(&base, s, e)?)?;
-                s = e;
-            }
-            let build_seconds = build.elapsed().as_secs_f64();
-            // Where the file goes at this size, before the inserts.
-            let built = idx.stats()?;
-            let tables: serde_json::Map<_, _> = built.table_bytes.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
-            eprintln!(
-                "{size} built in {build_seconds:.1} s: {} MiB on disk, {} MiB free; tables {:?}",
-                built.disk_bytes >> 20,
-                built.free_bytes >> 20,
-                built.table_bytes
-            );
-            let idx = if a.reopen_before_insert {
-                drop(idx);
-                Index::open(&d, opts.clone())?
-            } else {
-                idx
-            };
-            let sampler = PeakSampler::start();
-            let before = sampler.start;
-            let mut samples = Vec::new();
-            // Lists in the link log after each batch: a drop marks a fold.
-            let mut log_lists = vec![idx.stats()?.link_log_lists];
-            for r in 0..a.incremental_repeats.max(1) {
-                let from = size + r * added;
-                let batch = read_batch(&base, from, from + added)?;
-                let t = Instant::now();
-                idx.apply(batch)?;
-                samples.push(t.elapsed().as_secs_f64() * 1000.0 / added as f64);
-                log_lists.push(idx.stats()?.link_log_lists);
-            }
-            let peak = sampler.finish();
-            let mut sorted = samples.clone();
-            sorted.sort_by(f64::total_cmp);
-            let ms = sorted[sorted.len() / 2];
-            let mean = samples.iter().sum::<f64>() / samples.len() as f64;
-            eprintln!(
-                "{added} into {size}: {ms:.4} ms/vector, peak RssAnon {} MiB ({} MiB before the batch){}",
-                peak >> 20,
-                before >> 20,
-                if samples.len() > 1 {
-                    format!(", median of {samples:.4?} (mean {mean:.4}); link log lists {log_lists:?}")
-                } else {
-                    String::new()
-                }
-            );
-            let idle_fold = idle_fold(&idx)?;
-            let samples: Vec<f64> = samples.iter().map(|&s| round(s, 4)).collect();
-            incremental.push(json!({"base": size, "added": added, "ms_per_vector": round(ms, 4), "samples": samples,
-                                    "mean_ms_per_vector": round(mean, 4), "link_log_lists": log_lists,
-                                    "peak_rss_anon_bytes": peak, "rss_anon_before_bytes": before,
-                                    "idle_fold": idle_fold, "build_seconds": round(build_seconds, 2),
-                                    "built_disk_bytes": built.disk_bytes,
-                                    "built_free_bytes": built.free_bytes, "built_table_bytes": tables}));
-            drop(idx);
-            std::fs::remove_dir_all(&d).ok();
-        }
-    }
+    let incremental = if a.no_incremental {
+        Vec::new()
+    } else {
+        incremental::run(&incremental::Plan {
+            base: &base,
+            params,
+            opts: opts.clone(),
+            root: root.path(),
+            sizes: &a.incremental_sizes,
+            added: a.incremental_batch,
+            repeats: a.incremental_repeats.max(1),
+            batch_size: a.batch_size,
+            reopen: a.reopen_before_insert,
+            interleave: a.incremental_interleave,
+        })?
+    };
 
     let raw = (n * base.dim() * 4) as u64;
     let out = json!({

@@ -11,6 +11,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::cache::SharedAddrs;
 use crate::codec::{self, State};
 use crate::error::{Error, Result};
+use crate::hnsw::build::LinkBlocks;
 use crate::links_log::{LogIndex, LogVersions};
 use crate::params::IndexParams;
 use crate::session::{self, Session};
@@ -71,6 +72,17 @@ pub struct Index {
     /// The environment's page size: the least a log value takes, so that
     /// it lives in overflow pages no later commit rewrites.
     page_size: usize,
+    /// The writer's addresses of the link blocks as the last commit left
+    /// them (see `LinkBlocks`). Locked by the writer only, under `writer`,
+    /// and never while `patch_blocks` runs (which forgets what it writes).
+    pub(crate) link_blocks: Mutex<LinkBlocks>,
+}
+
+/// An empty table of link block addresses for an index's blocks.
+fn link_blocks_table(params: &IndexParams, page_size: usize) -> LinkBlocks {
+    let per_block = codec::links0_block_nodes(params.max_links(0));
+    let block_bytes = per_block * codec::links_bytes(params.max_links(0));
+    LinkBlocks::new(per_block as u32, codec::values_per_leaf(block_bytes, page_size) as u32)
 }
 
 /// How the index's environment is opened.
@@ -93,6 +105,11 @@ enum Missing {
 }
 
 impl Index {
+    /// An empty table of this index's link block addresses.
+    pub(crate) fn new_link_blocks(&self) -> LinkBlocks {
+        link_blocks_table(&self.params, self.page_size)
+    }
+
     /// Opens the index in `path`, creating it with `params` if there is
     /// none. An existing index must have been created with the same params.
     pub fn open_or_create(path: impl AsRef<Path>, params: IndexParams, opts: IndexOptions) -> Result<Index> {
@@ -188,6 +205,7 @@ impl Index {
             copies: std::sync::atomic::AtomicUsize::new(0),
             log,
             page_size: page,
+            link_blocks: Mutex::new(link_blocks_table(&params, page)),
         })
     }
 

@@ -288,28 +288,66 @@ impl<'t> Graph<'t> for BuildView<'t> {
     }
 }
 
-/// Addresses of the bottom-layer link blocks that existed before the
-/// batch, shared by all of its builder threads.
+/// Addresses of the bottom-layer link blocks as the last commit left them,
+/// shared by the builder threads of a batch and kept from batch to batch
+/// by the writer (`Index::link_blocks`).
 ///
-/// Link blocks are rewritten by every commit that changes one of their
-/// lists, so their addresses cannot outlive a transaction, and each thread's
-/// own cache starts empty every batch: at 100k points (6,700 blocks) every
-/// thread looked most of them up through the B-tree once per batch. Within
-/// the linking phase nothing is written to LMDB (changes go to the
+/// Within the linking phase nothing is written to LMDB (changes go to the
 /// [`Overlay`]), so an address one nested reader found is valid for all of
 /// them, and each block is looked up once per batch instead of once per
-/// thread.
+/// thread. Across commits, an address stays valid as long as its block's
+/// leaf page is not rewritten: blocks are inline values, a few to a leaf
+/// page, and a commit that writes one of them copies the whole page. So
+/// `Index::patch_blocks`, the only writer of blocks, forgets every block
+/// that may share a page with one it writes or appends
+/// ([`LinkBlocks::forget_near`]); a remap of the map or a compaction
+/// forgets everything. Without this, each batch into 1M points looked up
+/// nearly all of its ~32k blocks through the B-tree again: LMDB's B-tree
+/// code was 11% of such a batch's CPU time, 5.4% with it (docs/scale.md).
+/// Readers other than the writer's never use it: a search on an older
+/// snapshot needs that snapshot's pages.
 pub(crate) struct LinkBlocks {
     pub(super) per_block: u32,
-    pub(super) blocks: Box<[AtomicUsize]>,
+    pub(super) blocks: Vec<AtomicUsize>,
+    /// Blocks that may share a leaf page with a given block, on either
+    /// side of it.
+    reach: u32,
 }
 
 impl LinkBlocks {
-    /// A table for the blocks of ids below `first_new`, `per_block` lists
-    /// to a block (`codec::links0_block_nodes`, at least 1).
-    pub(crate) fn new(first_new: u32, per_block: u32) -> Self {
-        let n = first_new.div_ceil(per_block) as usize;
-        LinkBlocks { per_block, blocks: (0..n).map(|_| AtomicUsize::new(0)).collect() }
+    /// An empty table for blocks of `per_block` lists (at least 1), of
+    /// which a leaf page holds at most `per_leaf` (`codec::values_per_leaf`):
+    /// a page holding block b then holds no block further than
+    /// `per_leaf - 1` from it, and forgetting `per_leaf` on each side has
+    /// one to spare.
+    pub(crate) fn new(per_block: u32, per_leaf: u32) -> Self {
+        LinkBlocks { per_block: per_block.max(1), blocks: Vec::new(), reach: per_leaf.max(1) }
+    }
+
+    /// Makes room for the blocks of ids below `first_new` (the blocks a
+    /// batch's threads may look up through the table).
+    pub(crate) fn prepare(&mut self, first_new: u32) {
+        let n = first_new.div_ceil(self.per_block) as usize;
+        if self.blocks.len() > n {
+            self.blocks.truncate(n);
+        } else {
+            self.blocks.resize_with(n, || AtomicUsize::new(0));
+        }
+    }
+
+    /// Forgets the addresses of blocks that may share a leaf page with
+    /// `block`, which a commit is rewriting.
+    pub(crate) fn forget_near(&mut self, block: u32) {
+        let from = block.saturating_sub(self.reach) as usize;
+        let to = (block.saturating_add(self.reach) as usize + 1).min(self.blocks.len());
+        for slot in self.blocks.get_mut(from..to).into_iter().flatten() {
+            *slot.get_mut() = 0;
+        }
+    }
+
+    /// Forgets everything (the map moved, or the file was replaced).
+    pub(crate) fn clear(&mut self) {
+        self.blocks.clear();
     }
 
     /// The start of the block holding `id`'s list, through `view` the
@@ -321,6 +359,13 @@ impl LinkBlocks {
         };
         let known = slot.load(Ordering::Relaxed);
         if known != 0 {
+            // A stale address would read another page's bytes as links:
+            // debug builds (every test) check each one against the B-tree.
+            #[cfg(debug_assertions)]
+            {
+                let fresh = view.links0_block_ptr(id)?;
+                assert_eq!(known, fresh as usize, "kept address of the link block of node {id} is stale");
+            }
             return Ok(known as *const u8);
         }
         let p = view.links0_block_ptr(id)?;

@@ -178,6 +178,7 @@ impl Index {
         // environment) and every shared address into the old map go.
         self.sessions.lock().clear();
         exclusive.clear(self.moved.load(Ordering::SeqCst));
+        self.link_blocks.lock().clear();
         self.generation.fetch_add(1, Ordering::AcqRel);
         // SAFETY: the writer lock and the exclusive resize lock are held
         // and the idle sessions are dropped: nothing refers to the store.

@@ -16,7 +16,7 @@ use super::writer::{Attempt, attempt};
 use crate::cache::SharedAddrs;
 use crate::codec::{self, NODE_VACUUMED, State};
 use crate::error::{Error, Result};
-use crate::hnsw::build::{BuildCtx, LinkBlocks, Overlay, WorkQueue};
+use crate::hnsw::build::{BuildCtx, Overlay, WorkQueue};
 use crate::session;
 use crate::table::Retired;
 use crate::view::Frozen;
@@ -101,7 +101,10 @@ impl Index {
         })?;
         // No new node: the overlay only gathers the lists the step changes.
         let overlay = Overlay::new(state.next_id, Vec::new(), Vec::new());
-        let link_blocks = LinkBlocks::new(state.next_id, codec::links0_block_nodes(self.params.max_links(0)) as u32);
+        // A table of its own: this step is rare, and its blocks would
+        // crowd out the batches' (their writes are forgotten either way).
+        let mut link_blocks = self.new_link_blocks();
+        link_blocks.prepare(state.next_id);
         let shared = (shared.valid_for == self.moved.load(Ordering::SeqCst)).then_some(shared);
         let ctx = BuildCtx {
             store,

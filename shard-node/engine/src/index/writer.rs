@@ -16,7 +16,7 @@ use crate::batch_log::{self, LogApplied, LogEntry};
 use crate::cache::SharedAddrs;
 use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, State};
 use crate::error::{Error, InvalidInput, Rejected, Result};
-use crate::hnsw::build::{BuildCtx, LinkBlocks, Overlay, WorkQueue};
+use crate::hnsw::build::{BuildCtx, Overlay, WorkQueue};
 use crate::hnsw::level_for;
 use crate::links_log::{self, LogIndex};
 use crate::plan::{self, Done, Item, Kind, Plan};
@@ -631,7 +631,10 @@ impl Index {
         };
         let (dirty_codes, dirty_vectors) = (blocks_of(self.params.codes_per_block()), blocks_of(self.params.vectors_per_block()));
         let overlay = Overlay::new(first_new, reused, levels);
-        let link_blocks = LinkBlocks::new(first_new, codec::links0_block_nodes(self.params.max_links(0)) as u32);
+        // Nothing of this transaction has written a link block yet, so the
+        // addresses the last commit left are the ones its readers see.
+        let mut link_blocks = self.link_blocks.lock();
+        link_blocks.prepare(first_new);
         let ctx = BuildCtx {
             store: &self.store,
             params: &self.params,
@@ -678,6 +681,8 @@ impl Index {
                 None => Ok(false),
             })?;
         }
+        // `patch_blocks` forgets the addresses of the blocks it rewrites.
+        drop(link_blocks);
         let _span = tracing::debug_span!("write_links", lists = tracing::field::Empty, blocks = tracing::field::Empty).entered();
         let changes = overlay.into_changes();
         let log = self.write_links(wtxn, changes, first_new, state.log_epoch, log)?;
@@ -857,6 +862,9 @@ impl Index {
         let mut block_buf = Vec::new();
         let mut written = 0usize;
         let mut last_block: Option<u32> = None;
+        // Every block written here, and those that may share its leaf page,
+        // moves: the writer's kept addresses of them go (see `LinkBlocks`).
+        let mut kept = self.link_blocks.lock();
         loop {
             round.clear();
             bytes.clear();
@@ -926,6 +934,8 @@ impl Index {
                     block_buf[at..at + list_len].copy_from_slice(&bytes[i * list_len..(i + 1) * list_len]);
                     i += 1;
                 }
+                // An append touches the last leaf, whose blocks are near too.
+                kept.forget_near(block);
                 if exists {
                     dbs.links0.put(wtxn, block, &block_buf).map_err(err)?;
                 } else {
@@ -949,8 +959,10 @@ impl Index {
             return Err(Error::ResizeBlocked { path: self.path.clone(), waited: self.opts.resize_wait });
         };
         self.sessions.lock().clear();
-        // The remap may move the map: every shared vector address goes stale.
+        // The remap may move the map: every shared vector address goes stale,
+        // and so does every kept link block address.
         exclusive.clear(self.moved.load(Ordering::SeqCst));
+        self.link_blocks.lock().clear();
         // SAFETY: the writer lock is held and its transaction was dropped; the
         // exclusive resize lock guarantees no session or snapshot of this
         // index has a read transaction open.
