@@ -643,20 +643,10 @@ fn round4(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
 
+    use crate::test_files::write_fvecs;
     use crate::{Cli, Command};
-
-    fn write_fvecs(path: &std::path::Path, rows: usize, dim: usize, rng: &mut rand::rngs::StdRng) {
-        let mut bytes = Vec::new();
-        for _ in 0..rows {
-            bytes.extend_from_slice(&(dim as i32).to_le_bytes());
-            for _ in 0..dim {
-                bytes.extend_from_slice(&rng.random_range(-1.0f32..1.0).to_le_bytes());
-            }
-        }
-        std::fs::write(path, bytes).unwrap();
-    }
 
     /// The command line as a person types it: every round is measured and
     /// written, the plan holds what the rounds did, and reuse keeps the

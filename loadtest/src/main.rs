@@ -18,6 +18,8 @@ mod search_bench;
 mod slowfs;
 mod snapshot_bench;
 mod synth;
+#[cfg(test)]
+mod test_files;
 
 use clap::{Parser, Subcommand};
 
