@@ -90,7 +90,7 @@ impl RawPtr {
 /// 2 bytes per id: 2 MiB per thread at a million points, more than this
 /// machine's 1 MiB of L2 per core. One bit per id is 128 KiB there, and a
 /// search sets a few thousand bits, so clearing only their words is cheap;
-/// a batch into 1M went from 1.47x to 1.38x the cost of one into 100k
+/// a batch into 1M went from 1.47x to 1.40x the cost of one into 100k
 /// (docs/scale.md, "Visited marks as bits").
 pub(crate) struct Visited {
     words: Vec<u64>,
