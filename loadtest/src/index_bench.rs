@@ -118,6 +118,11 @@ pub(crate) struct Args {
     /// Bytes the batch log keeps (the engine's default unless given).
     #[arg(long)]
     batch_log_max_bytes: Option<u64>,
+    /// MiB a write transaction keeps of the pages it changes before LMDB
+    /// writes some out early (0: LMDB's own limit; the engine's default
+    /// unless given).
+    #[arg(long)]
+    write_memory_mib: Option<u64>,
 }
 
 /// The engine's batch log retention from the flags.
@@ -189,6 +194,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         link_log: link_log(&a),
         batch_log: batch_log(&a),
         warm_max_bytes: a.warm_max_bytes,
+        write_memory_bytes: a.write_memory_mib.map_or(IndexOptions::default().write_memory_bytes, |m| m << 20),
         ..IndexOptions::default()
     };
     let root = match &a.dir {
@@ -298,7 +304,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
         "lib": "shoal",
         "params": {"m": a.m, "ef_construction": a.ef_construction, "threads": a.threads, "metric": a.metric.name(),
                    "batch_size": a.batch_size, "rescore": format!("{:?}", a.rescore),
-                   "link_log": format!("{:?}", link_log(&a)), "batch_log": format!("{:?}", batch_log(&a))},
+                   "link_log": format!("{:?}", link_log(&a)), "batch_log": format!("{:?}", batch_log(&a)),
+                   "write_memory_bytes": opts.write_memory_bytes},
         "build": {"vectors": n, "seconds": round(secs, 3), "vectors_per_s": round(n as f64 / secs, 1),
                   "disk_bytes": stats.disk_bytes, "used_bytes": stats.used_bytes, "raw_bytes": raw,
                   "free_bytes": stats.free_bytes, "table_bytes": stats.table_bytes.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect::<serde_json::Map<_, _>>(),

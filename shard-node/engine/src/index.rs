@@ -93,6 +93,7 @@ fn store_options(opts: &IndexOptions) -> StoreOptions {
         max_readers: opts.max_readers,
         durable: opts.durable,
         read_ahead: opts.read_ahead,
+        write_memory_bytes: opts.write_memory_bytes,
     }
 }
 
@@ -478,6 +479,7 @@ mod tests {
                     max_readers: 16,
                     durable: false,
                     read_ahead: false,
+                    write_memory_bytes: 0,
                 },
             )
             .unwrap();
@@ -512,7 +514,14 @@ mod tests {
         {
             let store = Store::open(
                 dir.path(),
-                &StoreOptions { initial_map_size: 1 << 20, max_map_size: 1 << 30, max_readers: 16, durable: false, read_ahead: false },
+                &StoreOptions {
+                    initial_map_size: 1 << 20,
+                    max_map_size: 1 << 30,
+                    max_readers: 16,
+                    durable: false,
+                    read_ahead: false,
+                    write_memory_bytes: 0,
+                },
             )
             .unwrap();
             let mut wtxn = store.env.write_txn().unwrap();
@@ -556,8 +565,14 @@ mod tests {
         let before = index.read_log(1, u64::MAX).unwrap();
         assert_eq!(before.entries.len(), 3);
         drop(index);
-        let store_opts =
-            StoreOptions { initial_map_size: 1 << 20, max_map_size: 1 << 30, max_readers: 16, durable: false, read_ahead: false };
+        let store_opts = StoreOptions {
+            initial_map_size: 1 << 20,
+            max_map_size: 1 << 30,
+            max_readers: 16,
+            durable: false,
+            read_ahead: false,
+            write_memory_bytes: 0,
+        };
         {
             let store = Store::open(dir.path(), &store_opts).unwrap();
             let mut wtxn = store.env.write_txn().unwrap();
@@ -673,6 +688,80 @@ mod tests {
                     assert!(state.next_id > lag, "dim {dim}: {} ids never passed the lag {lag}", state.next_id);
                 }
             }
+        }
+    }
+
+    /// A write transaction that changes more pages than `write_memory_bytes`
+    /// has LMDB write some of them to the file before the commit (a spill)
+    /// and free their copies; the transaction, its nested readers (the
+    /// build's threads) and later transactions must then read those pages
+    /// from the map. The same batches into an index without the limit must
+    /// leave the same points and the same graph: with one build thread the
+    /// build is deterministic, so every search answers the same.
+    #[test]
+    fn batches_past_the_write_memory_spill_and_read_back_the_same() {
+        // SAFETY: reads a thread-local counter of the patched liblmdb.
+        let spilled = || unsafe { lmdb_master_sys::mdb_shoal_spilled() };
+        let dir = tempfile::tempdir().unwrap();
+        let base = IndexOptions {
+            build_threads: 1,
+            durable: false,
+            // Lists go to the log and fold in passes: log values and fold
+            // steps are written under the limit too.
+            link_log: crate::LinkLog::Always { fold_lists: 3_000 },
+            ..IndexOptions::default()
+        };
+        // 256 pages: LMDB's default is 131,071.
+        let small = IndexOptions { write_memory_bytes: 1 << 20, ..base.clone() };
+        let unlimited = IndexOptions { write_memory_bytes: 0, ..base };
+        let params = IndexParams::new(96, crate::Metric::Cosine);
+        let a = Index::open_or_create(dir.path().join("unlimited"), params, unlimited).unwrap();
+        let b = Index::open_or_create(dir.path().join("small"), params, small).unwrap();
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut vector = || (0..96).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<f32>>();
+        let mut batches = Vec::new();
+        for round in 0..6u64 {
+            let mut ops: Vec<Op> =
+                (0..1_200).map(|i| Op::Upsert(Point { id: round * 1_200 + i, vector: vector(), payload: None })).collect();
+            if round > 0 {
+                // Upserts and deletes retire nodes whose slots later batches reuse.
+                ops.extend((0..150).map(|i| Op::Upsert(Point { id: i * 7 + round, vector: vector(), payload: None })));
+                ops.extend((0..50).map(|i| Op::Delete(i * 11 + round * 3)));
+            }
+            batches.push(Batch { ops, source: None });
+        }
+        let queries: Vec<Vec<f32>> = (0..30).map(|_| vector()).collect();
+
+        let before = spilled();
+        for batch in &batches {
+            a.apply(batch.clone()).unwrap();
+        }
+        assert_eq!(spilled(), before, "an index without the limit spilled");
+        for batch in &batches {
+            b.apply(batch.clone()).unwrap();
+        }
+        let spills = spilled() - before;
+        assert!(spills > 1_000, "batches of 1,200 points under a 256-page limit spilled only {spills} pages");
+        for index in [&a, &b] {
+            assert!(index.vacuum(100).unwrap().vacuumed > 0);
+            index.fold_link_log().unwrap();
+        }
+
+        assert_eq!(a.snapshot().unwrap().digest().unwrap(), b.snapshot().unwrap().digest().unwrap());
+        let (sa, sb) = (a.stats().unwrap(), b.stats().unwrap());
+        assert_eq!((sa.live, sa.tombstones), (sb.live, sb.tombstones));
+        for q in &queries {
+            let (ha, hb) = (a.search(q, SearchParams::new(10, 64)).unwrap(), b.search(q, SearchParams::new(10, 64)).unwrap());
+            assert_eq!(ha, hb);
+            assert_eq!(ha.len(), 10);
+        }
+        // And after reopening, from the file alone.
+        let path = b.path().to_owned();
+        drop(b);
+        let b = Index::open(&path, IndexOptions::default()).unwrap();
+        assert_eq!(a.snapshot().unwrap().digest().unwrap(), b.snapshot().unwrap().digest().unwrap());
+        for q in &queries {
+            assert_eq!(a.search(q, SearchParams::new(10, 64)).unwrap(), b.search(q, SearchParams::new(10, 64)).unwrap());
         }
     }
 }

@@ -76,6 +76,9 @@ pub(crate) struct StoreOptions {
     pub(crate) max_readers: u32,
     pub(crate) durable: bool,
     pub(crate) read_ahead: bool,
+    /// Pages a write transaction keeps in memory before LMDB writes some of
+    /// them out early (`IndexOptions::write_memory_bytes`).
+    pub(crate) write_memory_bytes: u64,
 }
 
 /// An open environment with its databases.
@@ -116,9 +119,18 @@ impl Store {
         // SAFETY: the flags are valid LMDB environment flags; NO_SYNC trades
         // durability of the last commits for speed and is opt-in.
         unsafe { builder.flags(flags) };
+        // The limit is read by `mdb_env_create`, which `open` calls on this
+        // thread; 0 is no limit.
+        let dirty_pages = usize::try_from(opts.write_memory_bytes / page).unwrap_or(usize::MAX);
+        // SAFETY: sets a thread-local default of the patched liblmdb.
+        unsafe { lmdb_master_sys::mdb_shoal_set_dirty_limit(dirty_pages) };
         // SAFETY: the environment's files are only ever modified through LMDB
         // in this process; shoal never opens them with anything else.
-        let env = unsafe { builder.open(path) }.map_err(|e| storage(path, e))?;
+        let opened = unsafe { builder.open(path) };
+        // SAFETY: as above; back to LMDB's default for whatever else this
+        // thread opens.
+        unsafe { lmdb_master_sys::mdb_shoal_set_dirty_limit(0) };
+        let env = opened.map_err(|e| storage(path, e))?;
         // An environment that has committed before must already hold its
         // databases: creating a missing one would write an empty table
         // into a file whose main database (the list of tables) is damaged,

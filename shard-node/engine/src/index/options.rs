@@ -26,6 +26,15 @@ pub struct IndexOptions {
     pub max_map_size: u64,
     /// Flush every commit to disk before acknowledging it. Default true.
     pub durable: bool,
+    /// Memory a write transaction keeps for the pages it changes before
+    /// LMDB writes some of them to the file ahead of the commit (pages no
+    /// reader can see until it commits) and frees their copies. This is
+    /// what keeps a batch's memory flat in the index's size: a 10k-point
+    /// batch into 1M points changes lists in nearly every bottom-layer
+    /// block. Pages in use by LMDB's cursors and a value larger than the
+    /// limit stay in memory. 0: no limit but LMDB's own (131,071 changed
+    /// pages or values, 512 MiB or more). Default 32 MiB.
+    pub write_memory_bytes: u64,
     /// New points take the ids (and so the vector, code and link slots) of
     /// points deleted or replaced by earlier batches, as hnswlib's
     /// `replace_deleted` does, so a shard under churn stays the size of its
@@ -186,6 +195,7 @@ impl Default for IndexOptions {
             initial_map_size: 256 << 20,
             max_map_size: 1 << 40,
             durable: true,
+            write_memory_bytes: 32 << 20,
             reuse_retired: true,
             vacuum_ratio: 0.05,
             compact_free_ratio: 0.2,

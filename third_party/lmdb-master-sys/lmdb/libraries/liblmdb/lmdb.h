@@ -541,6 +541,28 @@ char *mdb_strerror(int err);
 	 */
 int  mdb_env_create(MDB_env **env);
 
+	/** @brief shoal: cap the memory of write transactions.
+	 *
+	 * A write transaction of the environments this thread creates next
+	 * keeps at most about \b pages dirty pages in memory (each page of a
+	 * value on overflow pages counted). Past that, it writes some of them
+	 * to the file early (#mdb_page_spill(), as LMDB does for any
+	 * transaction that outgrows #MDB_IDL_UM_MAX dirty-list entries) and
+	 * frees their copies, until an eighth of the limit is free, so its
+	 * memory stays bounded however many pages it changes. The pages it
+	 * spills are pages no reader can see; a commit still writes and syncs
+	 * the rest as usual. Pages in use by open cursors are never spilled,
+	 * and a single value larger than the limit stays dirty until the
+	 * next put.
+	 * @param[in] pages The limit; 0: none. At least 256.
+	 */
+void mdb_shoal_set_dirty_limit(size_t pages);
+
+	/** @brief shoal: pages the write transactions of this thread have
+	 * spilled so far (for tests and measurements).
+	 */
+size_t mdb_shoal_spilled(void);
+
 	/** @brief Open an environment handle.
 	 *
 	 * If this function fails, #mdb_env_close() must be called to discard the #MDB_env handle.

@@ -1422,6 +1422,11 @@ struct MDB_txn {
 	 *	dirty_list into mt_parent after freeing hidden mt_parent pages.
 	 */
 	unsigned int	mt_dirty_room;
+	/** shoal: pages of the dirty list (a run of overflow pages counts
+	 *	each page), exact after a spill and an upper bound in between.
+	 *	Past #MDB_env.%me_dirty_pages_max, #mdb_page_spill() writes some out.
+	 */
+	size_t		mt_dirty_pages;
 };
 
 /** Enough space for 2^32 nodes with minimum of 2 keys per node. I.e., plenty.
@@ -1618,7 +1623,17 @@ struct MDB_env {
 	 */
 	uint64_t	**me_checked;
 	size_t		me_checked_n;
+	/** shoal: pages a write txn keeps dirty in memory: past it,
+	 *	#mdb_page_spill() writes some of them to the file early and frees
+	 *	their memory. No limit (LMDB's own, #MDB_IDL_UM_MAX dirty-list
+	 *	entries, still applies) unless #mdb_shoal_set_dirty_limit() set one
+	 *	on the thread that created the environment.
+	 */
+	size_t		me_dirty_pages_max;
 };
+
+	/** shoal: the smallest page limit #mdb_shoal_set_dirty_limit() sets. */
+#define MDB_SHOAL_MIN_DIRTY	256
 
 	/** shoal: pages per chunk of #MDB_env.%me_checked (4 KiB of bits). */
 #define MDB_CHECKED_CHUNK	32768
@@ -2365,6 +2380,15 @@ static int mdb_page_flush(MDB_txn *txn, int keep);
  * @param[in] data For a put operation, the data being stored.
  * @return 0 on success, non-zero on failure.
  */
+/** shoal: pages this thread's write txns spilled. */
+static __thread size_t mdb_shoal_spilled_pages;
+
+size_t
+mdb_shoal_spilled(void)
+{
+	return mdb_shoal_spilled_pages;
+}
+
 static int
 mdb_page_spill(MDB_cursor *m0, MDB_val *key, MDB_val *data)
 {
@@ -2372,6 +2396,7 @@ mdb_page_spill(MDB_cursor *m0, MDB_val *key, MDB_val *data)
 	MDB_page *dp;
 	MDB_ID2L dl = txn->mt_u.dirty_list;
 	unsigned int i, j, need;
+	size_t est, over, max = txn->mt_env->me_dirty_pages_max;
 	int rc;
 
 	if (m0->mc_flags & C_SUB)
@@ -2387,8 +2412,9 @@ mdb_page_spill(MDB_cursor *m0, MDB_val *key, MDB_val *data)
 		i += (LEAFSIZE(key, data) + txn->mt_env->me_psize) / txn->mt_env->me_psize;
 	i += i;	/* double it for good measure */
 	need = i;
+	est = i;
 
-	if (txn->mt_dirty_room > i)
+	if (txn->mt_dirty_room > i && txn->mt_dirty_pages + est <= max)
 		return MDB_SUCCESS;
 
 	if (!txn->mt_spill_pgs) {
@@ -2418,12 +2444,18 @@ mdb_page_spill(MDB_cursor *m0, MDB_val *key, MDB_val *data)
 	 * of the dirty pages. Testing revealed this to be a good tradeoff,
 	 * better than 1/2, 1/4, or 1/10.
 	 */
-	if (need < MDB_IDL_UM_MAX / 8)
+	if (txn->mt_dirty_room > need)
+		need = 0;	/* shoal: room for entries; spilling for pages only */
+	else if (need < MDB_IDL_UM_MAX / 8)
 		need = MDB_IDL_UM_MAX / 8;
+	/* shoal: past the page limit, spill until an eighth of it is free */
+	over = 0;
+	if (txn->mt_dirty_pages + est > max)
+		over = txn->mt_dirty_pages + est - max + max / 8;
 
 	/* Save the page IDs of all the pages we're flushing */
 	/* flush from the tail forward, this saves a lot of shifting later on. */
-	for (i=dl[0].mid; i && need; i--) {
+	for (i=dl[0].mid; i && (need || over); i--) {
 		MDB_ID pn = dl[i].mid << 1;
 		dp = dl[i].mptr;
 		if (dp->mp_flags & (P_LOOSE|P_KEEP))
@@ -2447,7 +2479,11 @@ mdb_page_spill(MDB_cursor *m0, MDB_val *key, MDB_val *data)
 		}
 		if ((rc = mdb_midl_append(&txn->mt_spill_pgs, pn)))
 			goto done;
-		need--;
+		if (need)
+			need--;
+		j = IS_OVERFLOW(dp) ? dp->mp_pages : 1;
+		over = over > j ? over - j : 0;
+		mdb_shoal_spilled_pages += j;
 	}
 	mdb_midl_sort(txn->mt_spill_pgs);
 
@@ -2457,6 +2493,11 @@ mdb_page_spill(MDB_cursor *m0, MDB_val *key, MDB_val *data)
 
 	/* Reset any dirty pages we kept that page_flush didn't see */
 	rc = mdb_pages_xkeep(m0, P_DIRTY|P_KEEP, i);
+
+	/* shoal: count what is left exactly (frees in between only lowered it) */
+	txn->mt_dirty_pages = 0;
+	for (j = dl[0].mid; j; j--)
+		txn->mt_dirty_pages += IS_OVERFLOW((MDB_page *)dl[j].mptr) ? ((MDB_page *)dl[j].mptr)->mp_pages : 1;
 
 done:
 	txn->mt_flags |= rc ? MDB_TXN_ERROR : MDB_TXN_SPILLS;
@@ -2721,6 +2762,7 @@ search_done:
 	}
 	np->mp_pgno = pgno;
 	mdb_page_dirty(txn, np);
+	txn->mt_dirty_pages += num;
 	*mp = np;
 
 	return MDB_SUCCESS;
@@ -2808,6 +2850,7 @@ mdb_page_unspill(MDB_txn *txn, MDB_page *mp, MDB_page **ret)
 				 */
 
 			mdb_page_dirty(txn, np);
+			txn->mt_dirty_pages += num;
 			np->mp_flags |= P_DIRTY;
 			*ret = np;
 			break;
@@ -3197,6 +3240,7 @@ mdb_txn_renew0(MDB_txn *txn)
 		txn->mt_loose_pgs = NULL;
 		txn->mt_loose_count = 0;
 		txn->mt_dirty_room = MDB_IDL_UM_MAX;
+		txn->mt_dirty_pages = 0;
 		txn->mt_u.dirty_list = env->me_dirty_list;
 		txn->mt_u.dirty_list[0].mid = 0;
 		txn->mt_free_pgs = env->me_free_pgs;
@@ -3342,6 +3386,7 @@ mdb_txn_begin(MDB_env *env, MDB_txn *parent, unsigned int flags, MDB_txn **ret)
 		}
 		txn->mt_txnid = parent->mt_txnid;
 		txn->mt_dirty_room = parent->mt_dirty_room;
+		txn->mt_dirty_pages = parent->mt_dirty_pages;
 		txn->mt_spill_pgs = NULL;
 		txn->mt_next_pgno = parent->mt_next_pgno;
 		pthread_mutex_lock(&parent->mt_child_mutex);
@@ -4200,6 +4245,7 @@ _mdb_txn_commit(MDB_txn *txn)
 		dst[0].mid = len;
 		free(txn->mt_u.dirty_list);
 		parent->mt_dirty_room = txn->mt_dirty_room;
+		parent->mt_dirty_pages = txn->mt_dirty_pages;
 		if (txn->mt_spill_pgs) {
 			if (parent->mt_spill_pgs) {
 				/* TODO: Prevent failure here, so parent does not fail */
@@ -4584,6 +4630,19 @@ mdb_env_pick_meta(const MDB_env *env)
 		((env->me_flags & MDB_PREVSNAPSHOT) != 0) ];
 }
 
+/** shoal: see #mdb_shoal_set_dirty_limit(). */
+static __thread size_t mdb_shoal_dirty_limit = (size_t)-1;
+
+void
+mdb_shoal_set_dirty_limit(size_t pages)
+{
+	if (pages == 0)
+		pages = (size_t)-1;
+	if (pages < MDB_SHOAL_MIN_DIRTY)
+		pages = MDB_SHOAL_MIN_DIRTY;
+	mdb_shoal_dirty_limit = pages;
+}
+
 int ESECT
 mdb_env_create(MDB_env **env)
 {
@@ -4606,6 +4665,7 @@ mdb_env_create(MDB_env **env)
 	e->me_wmutex->semid = -1;
 #endif
 	e->me_pid = getpid();
+	e->me_dirty_pages_max = mdb_shoal_dirty_limit;
 	GET_PAGESIZE(e->me_os_psize);
 	VGMEMP_CREATE(e,0,0);
 	*env = e;
@@ -7043,6 +7103,7 @@ mdb_ovpage_free(MDB_cursor *mc, MDB_page *mp)
 			}
 		}
 		txn->mt_dirty_room++;
+		txn->mt_dirty_pages -= txn->mt_dirty_pages > ovpages ? ovpages : txn->mt_dirty_pages;
 		if (!(env->me_flags & MDB_WRITEMAP))
 			mdb_dpage_free(env, mp);
 release:
