@@ -471,18 +471,7 @@ mod tests {
         }
         // A record naming a node past the index.
         let index = {
-            let store = crate::store::Store::open(
-                dir.path(),
-                &crate::store::StoreOptions {
-                    initial_map_size: 1 << 20,
-                    max_map_size: 1 << 30,
-                    max_readers: 16,
-                    durable: false,
-                    read_ahead: false,
-                    write_memory_bytes: 0,
-                },
-            )
-            .unwrap();
+            let store = crate::store::Store::open(dir.path(), &crate::store::StoreOptions::small()).unwrap();
             let mut bad = value.clone();
             bad[4..8].copy_from_slice(&10_000u32.to_le_bytes());
             let mut wtxn = store.env.write_txn().unwrap();
@@ -512,18 +501,7 @@ mod tests {
         drop(index);
         // Make it what the previous build wrote.
         {
-            let store = Store::open(
-                dir.path(),
-                &StoreOptions {
-                    initial_map_size: 1 << 20,
-                    max_map_size: 1 << 30,
-                    max_readers: 16,
-                    durable: false,
-                    read_ahead: false,
-                    write_memory_bytes: 0,
-                },
-            )
-            .unwrap();
+            let store = Store::open(dir.path(), &StoreOptions::small()).unwrap();
             let mut wtxn = store.env.write_txn().unwrap();
             let state = session::read_state(&store, &wtxn).unwrap();
             let old = State { shard_epoch: 1, last_seq: 0, log_first_seq: 1, log_bytes: 0, ..state };
@@ -565,14 +543,7 @@ mod tests {
         let before = index.read_log(1, u64::MAX).unwrap();
         assert_eq!(before.entries.len(), 3);
         drop(index);
-        let store_opts = StoreOptions {
-            initial_map_size: 1 << 20,
-            max_map_size: 1 << 30,
-            max_readers: 16,
-            durable: false,
-            read_ahead: false,
-            write_memory_bytes: 0,
-        };
+        let store_opts = StoreOptions::small();
         {
             let store = Store::open(dir.path(), &store_opts).unwrap();
             let mut wtxn = store.env.write_txn().unwrap();

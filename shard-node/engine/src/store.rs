@@ -81,6 +81,21 @@ pub(crate) struct StoreOptions {
     pub(crate) write_memory_bytes: u64,
 }
 
+#[cfg(test)]
+impl StoreOptions {
+    /// A small map without syncs, for tests that open a store directly.
+    pub(crate) fn small() -> Self {
+        StoreOptions {
+            initial_map_size: 1 << 20,
+            max_map_size: 1 << 30,
+            max_readers: 16,
+            durable: false,
+            read_ahead: false,
+            write_memory_bytes: 0,
+        }
+    }
+}
+
 /// An open environment with its databases.
 pub(crate) struct Store {
     pub(crate) env: Env<WithoutTls>,

@@ -383,14 +383,7 @@ mod tests {
     #[test]
     fn stored_keys_round_trip_and_damaged_ones_are_errors() {
         let dir = tempfile::tempdir().unwrap();
-        let opts = StoreOptions {
-            initial_map_size: 1 << 20,
-            max_map_size: 1 << 30,
-            max_readers: 16,
-            durable: false,
-            read_ahead: false,
-            write_memory_bytes: 0,
-        };
+        let opts = StoreOptions::small();
         let store = Store::open(dir.path(), &opts).unwrap();
         let retired = store.dbs.retired;
         let mut wtxn = store.env.write_txn().unwrap();

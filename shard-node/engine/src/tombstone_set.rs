@@ -70,14 +70,7 @@ mod tests {
     #[test]
     fn holds_both_kinds_of_retired_ids_and_gives_way_when_the_table_disagrees() {
         let dir = tempfile::tempdir().unwrap();
-        let opts = StoreOptions {
-            initial_map_size: 1 << 20,
-            max_map_size: 1 << 30,
-            max_readers: 16,
-            durable: false,
-            read_ahead: false,
-            write_memory_bytes: 0,
-        };
+        let opts = StoreOptions::small();
         let store = Store::open(dir.path(), &opts).unwrap();
         let mut wtxn = store.env.write_txn().unwrap();
         for (kind, id) in [(Retired::Linked, 3), (Retired::Linked, 64), (Retired::Vacuumed, 130)] {
