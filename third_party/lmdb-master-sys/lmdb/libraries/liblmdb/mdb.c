@@ -2348,6 +2348,15 @@ mark_done:
 
 static int mdb_page_flush(MDB_txn *txn, int keep);
 
+/** shoal: pages this thread's write txns spilled. */
+static __thread size_t mdb_shoal_spilled_pages;
+
+size_t
+mdb_shoal_spilled(void)
+{
+	return mdb_shoal_spilled_pages;
+}
+
 /**	Spill pages from the dirty list back to disk.
  * This is intended to prevent running into #MDB_TXN_FULL situations,
  * but note that they may still occur in a few cases:
@@ -2380,15 +2389,6 @@ static int mdb_page_flush(MDB_txn *txn, int keep);
  * @param[in] data For a put operation, the data being stored.
  * @return 0 on success, non-zero on failure.
  */
-/** shoal: pages this thread's write txns spilled. */
-static __thread size_t mdb_shoal_spilled_pages;
-
-size_t
-mdb_shoal_spilled(void)
-{
-	return mdb_shoal_spilled_pages;
-}
-
 static int
 mdb_page_spill(MDB_cursor *m0, MDB_val *key, MDB_val *data)
 {
