@@ -17,7 +17,11 @@ size's per-round ratio to the first size's (`ratio_to_first`), as
 
 Prints and writes {"lib": "hnswlib", "incremental": [{"base", "added",
 "ms_per_vector" (the median), "samples", "build_seconds",
-"build_vectors_per_s"}], "peak_rss_bytes"}.
+"build_vectors_per_s", "index_rss_anon_bytes"}], "peak_rss_bytes"}.
+`index_rss_anon_bytes` is what the process's RssAnon grew by while the
+index was built: hnswlib's own memory for the graph and its copy of the
+vectors, without the base file this script holds (as `index-bench`'s
+`peak_rss_anon_bytes` leaves out the base file it maps).
 """
 import argparse
 import json
@@ -26,6 +30,13 @@ import sys
 import time
 
 import numpy as np
+
+
+def rss_anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def main():
@@ -57,12 +68,13 @@ def main():
             sizes.append(size)
 
     def build(size):
+        before = rss_anon()
         ix = bench.Hnswlib(dim, a.metric, a.m, a.ef_construction, a.threads, size + a.added * a.repeats)
         t0 = time.perf_counter()
         for s in range(0, size, a.batch_size):
             e = min(size, s + a.batch_size)
             ix.add(base[s:e], np.arange(s, e))
-        return {"size": size, "ix": ix, "build": time.perf_counter() - t0, "samples": []}
+        return {"size": size, "ix": ix, "build": time.perf_counter() - t0, "samples": [], "rss": rss_anon() - before}
 
     def insert(b, r):
         s = b["size"] + r * a.added
@@ -74,13 +86,14 @@ def main():
         size, build_s, samples = b["size"], b["build"], b["samples"]
         ms = float(np.median(samples))
         e = {"base": size, "added": a.added, "ms_per_vector": round(ms, 4), "samples": samples,
-             "build_seconds": round(build_s, 3), "build_vectors_per_s": round(size / build_s, 1)}
+             "build_seconds": round(build_s, 3), "build_vectors_per_s": round(size / build_s, 1),
+             "index_rss_anon_bytes": b["rss"]}
         note = ""
         if first is not None:
             ratios = [x / y for x, y in zip(samples, first)]
             e["ratio_to_first"] = {"median": round(float(np.median(ratios)), 4), "rounds": [round(x, 4) for x in ratios]}
             note = f"; {e['ratio_to_first']['median']:.3f}x the first size (median of the rounds' ratios)"
-        print(f"hnswlib: built {size} in {build_s:.1f}s ({size / build_s:.0f}/s); {a.added} into {size}: {ms:.4f} ms/vector"
+        print(f"hnswlib: built {size} in {build_s:.1f}s ({size / build_s:.0f}/s, {b['rss'] / 2**20:.0f} MiB RssAnon); {a.added} into {size}: {ms:.4f} ms/vector"
               f" (median of {a.repeats}: {samples}){note}", file=sys.stderr, flush=True)
         return e
 

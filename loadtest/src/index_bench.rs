@@ -13,6 +13,7 @@ use shoal_engine::{Batch, BatchLogRetention, Index, IndexOptions, IndexParams, L
 use crate::fvecs::VecFile;
 use crate::groundtruth;
 use crate::memory::{PeakSampler, release_free_memory};
+use crate::written;
 
 mod incremental;
 
@@ -209,6 +210,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     let dir = root.path().join("full");
     let index = Index::open_or_create(&dir, params, opts.clone())?;
     let mut batch_peaks = Vec::new();
+    let written_before = (written::by_process(), written::by_device(&dir));
     let t0 = Instant::now();
     let mut start = 0;
     while start < n {
@@ -220,6 +222,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
         start = end;
     }
     let secs = t0.elapsed().as_secs_f64();
+    let written =
+        (written::by_process() - written_before.0, written::by_device(&dir).zip(written_before.1).map(|(after, before)| after - before));
     eprintln!();
     let build_peak = batch_peaks.iter().filter_map(|b| b["peak_rss_anon_bytes"].as_u64()).max().unwrap_or(0);
     let stats = index.stats()?;
@@ -311,6 +315,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
                   "free_bytes": stats.free_bytes, "table_bytes": stats.table_bytes.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect::<serde_json::Map<_, _>>(),
                   "batch_log_entries": stats.batch_log_entries, "batch_log_bytes": stats.batch_log_bytes,
                   "peak_rss_anon_bytes": build_peak,
+                  "written_bytes": written.0, "device_written_bytes": written.1,
                   "batches": batch_peaks, "max_level": stats.max_level, "unaligned_vectors": unaligned,
                   "compacted": compacted},
         "search": search,
@@ -339,13 +344,15 @@ fn round(x: f64, digits: i32) -> f64 {
 fn print_summary(out: &serde_json::Value) {
     let b = &out["build"];
     eprintln!(
-        "build: {} vectors in {:.1}s = {:.0}/s; disk {:.1} MiB ({:.2}x raw); peak RssAnon {:.1} MiB",
+        "build: {} vectors in {:.1}s = {:.0}/s; disk {:.1} MiB ({:.2}x raw); peak RssAnon {:.1} MiB; wrote {:.0} MiB (the device {:.0} MiB)",
         b["vectors"],
         b["seconds"].as_f64().unwrap_or(0.0),
         b["vectors_per_s"].as_f64().unwrap_or(0.0),
         b["disk_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
         b["disk_bytes"].as_f64().unwrap_or(0.0) / b["raw_bytes"].as_f64().unwrap_or(1.0),
         b["peak_rss_anon_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
+        b["written_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
+        b["device_written_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
     );
 }
 

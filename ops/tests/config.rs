@@ -90,11 +90,15 @@ fn a_negative_batch_log_share_or_fold_ratio_is_refused_by_name() {
         }
     }
     let ok: ShardNodeConfig = Figment::from(Serialized::defaults(ShardNodeConfig::default()))
-        .merge(Toml::string("[engine]\nbatch_log_max_share = 0.5\nbatch_log_min_bytes = 1024\nidle_fold_ratio = 0.25\n"))
+        .merge(Toml::string(
+            "[engine]\nbatch_log_max_share = 0.5\nbatch_log_min_bytes = 1024\nidle_fold_ratio = 0.25\nwrite_memory_bytes = 0\n",
+        ))
         .extract()
         .unwrap();
     let opts = ok.engine.index_options();
     assert_eq!((opts.batch_log.max_share, opts.batch_log.min_bytes, opts.idle_fold_ratio), (0.5, 1024, 0.25));
+    assert_eq!(opts.write_memory_bytes, 0);
+    assert_ne!(ShardNodeConfig::default().engine.index_options().write_memory_bytes, 0);
 }
 
 #[test]

@@ -181,6 +181,12 @@ pub struct EngineConfig {
     pub compact_free_ratio: f64,
     /// Files smaller than this are never compacted on their own.
     pub compact_min_bytes: u64,
+    /// Memory a batch's write transaction keeps for the pages it changes
+    /// before LMDB writes some of them to the file ahead of the commit,
+    /// which keeps the builder's memory flat in the shard's size (0: no
+    /// limit but LMDB's own, 512 MiB or more; see
+    /// `IndexOptions::write_memory_bytes`).
+    pub write_memory_bytes: u64,
 }
 
 /// A share from 0 to 1, both included.
@@ -233,6 +239,7 @@ impl Default for EngineConfig {
             idle_fold_ratio: d.idle_fold_ratio,
             compact_free_ratio: d.compact_free_ratio,
             compact_min_bytes: d.compact_min_bytes,
+            write_memory_bytes: d.write_memory_bytes,
         }
     }
 }
@@ -263,6 +270,7 @@ impl EngineConfig {
         o.idle_fold_ratio = self.idle_fold_ratio;
         o.compact_free_ratio = self.compact_free_ratio;
         o.compact_min_bytes = self.compact_min_bytes;
+        o.write_memory_bytes = self.write_memory_bytes;
         o
     }
 }

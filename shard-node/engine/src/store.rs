@@ -135,8 +135,8 @@ impl Store {
         // durability of the last commits for speed and is opt-in.
         unsafe { builder.flags(flags) };
         // The limit is read by `mdb_env_create`, which `open` calls on this
-        // thread; 0 is no limit.
-        let dirty_pages = usize::try_from(opts.write_memory_bytes / page).unwrap_or(usize::MAX);
+        // thread.
+        let dirty_pages = dirty_page_limit(opts.write_memory_bytes, page);
         // SAFETY: sets a thread-local default of the patched liblmdb.
         unsafe { lmdb_master_sys::mdb_shoal_set_dirty_limit(dirty_pages) };
         // SAFETY: the environment's files are only ever modified through LMDB
@@ -392,6 +392,14 @@ impl Creation {
 /// LMDB's data file in an environment directory.
 const DATA_FILE: &str = "data.mdb";
 /// LMDB's lock file (the reader table).
+/// Pages of changes a write transaction keeps in memory before liblmdb
+/// spills some (`IndexOptions::write_memory_bytes`). 0 is no limit, so a
+/// limit under one page rounds up to a page (liblmdb then raises it to its
+/// own minimum) rather than down to "none".
+fn dirty_page_limit(bytes: u64, page: u64) -> usize {
+    usize::try_from(bytes.div_ceil(page)).unwrap_or(usize::MAX)
+}
+
 const LOCK_FILE: &str = "lock.mdb";
 
 /// Bytes of `lock.mdb` that cover LMDB's reader table for `max_readers`
@@ -717,6 +725,15 @@ mod tests {
         }
         let other = io_error(dir, &dir.join(LOCK_FILE), std::io::Error::from_raw_os_error(libc::EACCES));
         assert!(matches!(&other, Error::Io { path, .. } if path.ends_with(LOCK_FILE)), "{other:?}");
+    }
+
+    #[test]
+    fn a_write_memory_limit_under_a_page_is_still_a_limit() {
+        assert_eq!(dirty_page_limit(0, 4096), 0);
+        assert_eq!(dirty_page_limit(1, 4096), 1);
+        assert_eq!(dirty_page_limit(4096, 4096), 1);
+        assert_eq!(dirty_page_limit(4097, 4096), 2);
+        assert_eq!(dirty_page_limit(32 << 20, 4096), 8192);
     }
 }
 

@@ -33,7 +33,9 @@ pub struct IndexOptions {
     /// batch into 1M points changes lists in nearly every bottom-layer
     /// block. Pages in use by LMDB's cursors and a value larger than the
     /// limit stay in memory. 0: no limit but LMDB's own (131,071 changed
-    /// pages or values, 512 MiB or more). Default 32 MiB.
+    /// pages or values, 512 MiB or more). Default 1 MiB, liblmdb's floor
+    /// of 256 pages: it measured no slower than 32 MiB and kept the most
+    /// memory flat (docs/scale.md, "A smaller write memory").
     pub write_memory_bytes: u64,
     /// New points take the ids (and so the vector, code and link slots) of
     /// points deleted or replaced by earlier batches, as hnswlib's
@@ -195,7 +197,7 @@ impl Default for IndexOptions {
             initial_map_size: 256 << 20,
             max_map_size: 1 << 40,
             durable: true,
-            write_memory_bytes: 32 << 20,
+            write_memory_bytes: 1 << 20,
             reuse_retired: true,
             vacuum_ratio: 0.05,
             compact_free_ratio: 0.2,
