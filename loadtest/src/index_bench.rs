@@ -222,7 +222,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         start = end;
     }
     let secs = t0.elapsed().as_secs_f64();
-    let written =
+    let wrote =
         (written::by_process() - written_before.0, written::by_device(&dir).zip(written_before.1).map(|(after, before)| after - before));
     eprintln!();
     let build_peak = batch_peaks.iter().filter_map(|b| b["peak_rss_anon_bytes"].as_u64()).max().unwrap_or(0);
@@ -315,7 +315,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
                   "free_bytes": stats.free_bytes, "table_bytes": stats.table_bytes.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect::<serde_json::Map<_, _>>(),
                   "batch_log_entries": stats.batch_log_entries, "batch_log_bytes": stats.batch_log_bytes,
                   "peak_rss_anon_bytes": build_peak,
-                  "written_bytes": written.0, "device_written_bytes": written.1,
+                  "written_bytes": wrote.0, "device_written_bytes": wrote.1,
                   "batches": batch_peaks, "max_level": stats.max_level, "unaligned_vectors": unaligned,
                   "compacted": compacted},
         "search": search,

@@ -389,9 +389,6 @@ impl Creation {
     }
 }
 
-/// LMDB's data file in an environment directory.
-const DATA_FILE: &str = "data.mdb";
-/// LMDB's lock file (the reader table).
 /// Pages of changes a write transaction keeps in memory before liblmdb
 /// spills some (`IndexOptions::write_memory_bytes`). 0 is no limit, so a
 /// limit under one page rounds up to a page (liblmdb then raises it to its
@@ -400,6 +397,9 @@ fn dirty_page_limit(bytes: u64, page: u64) -> usize {
     usize::try_from(bytes.div_ceil(page)).unwrap_or(usize::MAX)
 }
 
+/// LMDB's data file in an environment directory.
+const DATA_FILE: &str = "data.mdb";
+/// LMDB's lock file (the reader table).
 const LOCK_FILE: &str = "lock.mdb";
 
 /// Bytes of `lock.mdb` that cover LMDB's reader table for `max_readers`
