@@ -222,8 +222,11 @@ pub(crate) fn run(a: Args) -> Result<()> {
         start = end;
     }
     let secs = t0.elapsed().as_secs_f64();
-    let wrote =
-        (written::by_process() - written_before.0, written::by_device(&dir).zip(written_before.1).map(|(after, before)| after - before));
+    // Saturating: a counter unreadable at the end reads as 0.
+    let wrote = (
+        written::by_process().saturating_sub(written_before.0),
+        written::by_device(&dir).zip(written_before.1).map(|(after, before)| after.saturating_sub(before)),
+    );
     eprintln!();
     let build_peak = batch_peaks.iter().filter_map(|b| b["peak_rss_anon_bytes"].as_u64()).max().unwrap_or(0);
     let stats = index.stats()?;
