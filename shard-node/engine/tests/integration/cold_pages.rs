@@ -39,10 +39,14 @@ const CLUSTER: u64 = 250;
 const SMALL: u64 = 5_000;
 const LARGE: u64 = 40_000;
 /// Allowed growth of the pages a batch reads when the index is 8x larger.
-/// The graph walk itself grows ~2x here (1.8x-2.5x measured: nodes keep
-/// links to other clusters, and there are 8x more of them, whose codes
-/// lie on other pages); work proportional to the index grows ~8x.
-const MAX_GROWTH: f64 = 3.0;
+/// The graph walk itself grows 2-3x here (nodes keep links to other
+/// clusters, and there are 8x more of them, whose codes lie on other
+/// pages); work proportional to the index grows ~7x (the file's growth).
+/// Measured over seeds 1-20: 1.86x-2.57x on 2026-11-25, 2.44x-3.04x on
+/// the engine and kernel (6.18) of November 2026, with or without the
+/// 1 MiB write memory (CI met 3.05x for one seed): 3.5x leaves room for
+/// the walk's spread and none for a scan.
+const MAX_GROWTH: f64 = 3.5;
 
 /// Which pages of `path` are in the page cache (`mincore` on a separate
 /// read-only mapping, which faults nothing in).
