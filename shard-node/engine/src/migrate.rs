@@ -5,9 +5,18 @@
 //!
 //! 7 → 8: vectors move from one value per id to blocks of
 //! `codec::vectors_block_nodes` ids. Everything else is the same.
+//!
+//! 8 → 9: each code keeps its header and its plane of high nibbles, which
+//! are its 4-bit levels (`quant`); the plane of low nibbles goes, and the
+//! codes are packed again into blocks of `codec::codes_block_nodes` of the
+//! shorter size. Everything else is the same.
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 
 use heed::RwTxn;
 
+use crate::codec;
 use crate::error::{Error, Result};
 use crate::params::IndexParams;
 use crate::session;
@@ -16,7 +25,11 @@ use crate::store::Store;
 /// Rewrites what differs between format `from` and the current one.
 pub(crate) fn to_current(store: &Store, wtxn: &mut RwTxn<'_>, params: &IndexParams, from: u32) -> Result<()> {
     match from {
-        7 => vectors_into_blocks(store, wtxn, params),
+        7 => {
+            vectors_into_blocks(store, wtxn, params)?;
+            codes_to_four_bits(store, wtxn, params)
+        }
+        8 => codes_to_four_bits(store, wtxn, params),
         _ => Err(Error::UnsupportedFormat { path: store.path.clone(), found: from, supported: crate::codec::FORMAT_VERSION }),
     }
 }
@@ -64,19 +77,133 @@ fn vectors_into_blocks(store: &Store, wtxn: &mut RwTxn<'_>, params: &IndexParams
     Ok(())
 }
 
+/// Bytes of a format-8 code of a `dim`-dimensional vector: the header and
+/// two planes.
+fn format_8_code_bytes(dim: usize) -> usize {
+    crate::quant::code_bytes(dim) + crate::nibble::plane_bytes(dim)
+}
+
+/// Rewrites the codes of format 8 as those of format 9, in place, in
+/// ascending block order. A new block can hold fewer codes than an old one
+/// (block sizes are chosen for page fill, not monotone in the code size),
+/// so an old block is kept in memory from before its key is overwritten
+/// until its last code has moved: a few blocks, never the table.
+fn codes_to_four_bits(store: &Store, wtxn: &mut RwTxn<'_>, params: &IndexParams) -> Result<()> {
+    let next_id = session::read_state(store, wtxn)?.next_id;
+    let dim = params.dim as usize;
+    let (old_bytes, new_bytes) = (format_8_code_bytes(dim), params.code_bytes());
+    let old_per = codec::codes_block_nodes(old_bytes) as u32;
+    let new_per = params.codes_per_block();
+    let table = store.dbs.codes;
+    let err = |e| store.err(e);
+    let corrupt = |detail: String| Error::Corrupt { path: store.path.clone(), detail };
+    let old_blocks = next_id.div_ceil(old_per);
+    // Old blocks read and not yet used up, by key.
+    let mut held: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
+    // Holds old block `key` unless it already is: the key must not have
+    // been overwritten yet.
+    let hold = |held: &mut BTreeMap<u32, Vec<u8>>, wtxn: &RwTxn<'_>, key: u32| -> Result<()> {
+        if let Entry::Vacant(slot) = held.entry(key) {
+            let old = table.get(wtxn, key).map_err(err)?;
+            slot.insert(old.ok_or_else(|| corrupt(format!("code block {key} is missing (migrating from format 8)")))?.to_vec());
+        }
+        Ok(())
+    };
+    let mut block = Vec::with_capacity(new_per as usize * new_bytes);
+    let new_blocks = next_id.div_ceil(new_per);
+    for b in 0..new_blocks {
+        // Key `b` is overwritten below.
+        if b < old_blocks {
+            hold(&mut held, wtxn, b)?;
+        }
+        block.clear();
+        let first = b * new_per;
+        for id in first..(first + new_per).min(next_id) {
+            let key = id / old_per;
+            // Held already, or above every key written so far.
+            hold(&mut held, wtxn, key)?;
+            let old = held.get(&key).map_or(&[][..], Vec::as_slice);
+            let at = (id % old_per) as usize * old_bytes;
+            let code = old.get(at..at + new_bytes).filter(|_| old.len() >= at + old_bytes).ok_or_else(|| {
+                corrupt(format!("code block {key} has {} bytes, too few for node {id} (migrating from format 8)", old.len()))
+            })?;
+            block.extend_from_slice(code);
+            // Done with an old block once its last id has moved.
+            if id % old_per == old_per - 1 {
+                held.remove(&key);
+            }
+        }
+        table.put(wtxn, b, &block).map_err(err)?;
+    }
+    // What is left under keys past the last new block.
+    for key in new_blocks..old_blocks {
+        table.delete(wtxn, key).map_err(err)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
+    use super::format_8_code_bytes;
     use crate::batch::{Batch, Op};
     use crate::codec;
     use crate::session::{self, SearchParams};
     use crate::{Index, IndexOptions, IndexParams, Metric};
 
-    /// Rewrites an index of the current format as format 7 wrote it: one
-    /// vector per id, none for vacuumed ids, version 7 in the parameters.
+    /// The code format 8 wrote for the prepared vector `v`: its `i8`
+    /// components split into a plane of high nibbles and one of low ones.
+    fn format_8_code(v: &[f32]) -> Vec<u8> {
+        let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let scale = if max > 0.0 { max / 127.0 } else { 0.0 };
+        let norm2 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>() as f32;
+        let mut out = Vec::new();
+        out.extend_from_slice(&scale.to_le_bytes());
+        out.extend_from_slice(&norm2.to_le_bytes());
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let q = |j: usize| v.get(j).map_or(0, |&x| (x * inv).round().clamp(-127.0, 127.0) as i8);
+        let half = crate::nibble::plane_bytes(v.len());
+        let high = |q: i8| ((q >> 4) + 8) as u8;
+        let low = |q: i8| (q as u8) & 15;
+        out.extend((0..half).map(|j| high(q(j)) | (high(q(j + half)) << 4)));
+        out.extend((0..half).map(|j| low(q(j)) | (low(q(j + half)) << 4)));
+        out
+    }
+
+    /// Rewrites an index of the current format as format 8 wrote it:
+    /// codes of both planes, in format 8's blocks, version 8 in the
+    /// parameters.
+    fn write_as_format_8(index: &Index) {
+        let store = &index.store;
+        let params = *index.params();
+        let (per_block, bytes) = (params.vectors_per_block(), params.vector_bytes());
+        let old_per = codec::codes_block_nodes(format_8_code_bytes(params.dim as usize)) as u32;
+        let mut wtxn = store.env.write_txn().unwrap();
+        let next_id = session::read_state(store, &wtxn).unwrap().next_id;
+        let mut codes = Vec::new();
+        for id in 0..next_id {
+            let block = store.dbs.vectors.get(&wtxn, id / per_block).unwrap().unwrap();
+            let at = (id % per_block) as usize * bytes;
+            let v: Vec<f32> = block[at..at + bytes].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            codes.push(format_8_code(&v));
+        }
+        store.dbs.codes.clear(&mut wtxn).unwrap();
+        for (b, chunk) in codes.chunks(old_per as usize).enumerate() {
+            store.dbs.codes.put(&mut wtxn, b as u32, &chunk.concat()).unwrap();
+        }
+        let mut record = codec::encode_params(&params);
+        record[..4].copy_from_slice(&8u32.to_le_bytes());
+        store.dbs.meta.put(&mut wtxn, codec::META_PARAMS, &record).unwrap();
+        wtxn.commit().unwrap();
+    }
+
+    /// Rewrites an index of the current format as format 7 wrote it: format
+    /// 8's codes, one vector per id, none for vacuumed ids, version 7 in
+    /// the parameters.
     fn write_as_format_7(index: &Index, lose_vector_of: Option<u32>) {
+        write_as_format_8(index);
         let store = &index.store;
         let params = *index.params();
         let (per_block, bytes) = (params.vectors_per_block(), params.vector_bytes());
@@ -102,15 +229,14 @@ mod tests {
         wtxn.commit().unwrap();
     }
 
-    /// An index written by format 7 (vectors keyed by id), with vacuumed
-    /// ids whose vectors it deleted and reused ones, opens under format 8:
-    /// every point, answer and the content digest are the same as before,
-    /// the parameters say 8, and it takes further batches.
-    #[test]
-    fn a_format_7_index_is_migrated_when_opened() {
+    /// An index written by an older format, with vacuumed ids (whose
+    /// vectors format 7 deleted) and reused ones, opens under the current
+    /// one: every point, answer and the content digest are the same as
+    /// before, the parameters say the current version, and it takes
+    /// further batches.
+    fn an_old_index_is_migrated_when_opened(dim: u32, write_as_old: fn(&Index)) {
         let dir = tempfile::tempdir().unwrap();
         let opts = IndexOptions { build_threads: 2, durable: false, ..IndexOptions::default() };
-        let dim = 24;
         let params = IndexParams::new(dim, Metric::Cosine);
         let vector = |i: u64| -> Vec<f32> {
             let mut rng = StdRng::seed_from_u64(i);
@@ -131,7 +257,7 @@ mod tests {
             (hits, points, index.snapshot().unwrap().digest().unwrap())
         };
         let before = answers(&index);
-        write_as_format_7(&index, None);
+        write_as_old(&index);
         drop(index);
 
         let index = Index::open(dir.path(), opts.clone()).unwrap();
@@ -148,6 +274,21 @@ mod tests {
         drop(index);
         let index = Index::open(dir.path(), opts).unwrap();
         assert_eq!(index.stats().unwrap().live, live.len() as u64 + 100);
+    }
+
+    #[test]
+    fn a_format_7_index_is_migrated_when_opened() {
+        // 24-d: a block of format 9's codes holds more than one of format 8's.
+        an_old_index_is_migrated_when_opened(24, |index| write_as_format_7(index, None));
+    }
+
+    #[test]
+    fn a_format_8_index_is_migrated_when_opened() {
+        // 116-d: a block of format 9's codes holds fewer (61) than one of
+        // format 8's (65), so old blocks are overwritten before they are
+        // used up.
+        assert!(codec::codes_block_nodes(crate::quant::code_bytes(116)) < codec::codes_block_nodes(format_8_code_bytes(116)));
+        an_old_index_is_migrated_when_opened(116, write_as_format_8);
     }
 
     /// A live point without its vector in a format-7 file is damage: the

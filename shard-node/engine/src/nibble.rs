@@ -1,19 +1,17 @@
-//! Dot products over nibble-split codes (see `quant`).
+//! Dot products over codes of 4-bit levels (see `quant`).
 //!
-//! A code's components are `i8`s `q = 16·h + l` with `h = q >> 4` in
-//! `-8..=7` and `l = q & 15`. They are stored as two planes of 4-bit
-//! nibbles: the *high* plane holds `u = h + 8` (unsigned, `0..=15`), the
-//! *low* plane holds `l`. A walk of the graph reads only the high plane,
-//! half the bytes; a full-precision distance reads both.
+//! A code's component is the high nibble `h = q >> 4` (in `-8..=7`) of its
+//! `i8` step count `q`, stored offset as `u = h + 8` (`0..=15`): a plane of
+//! 4-bit levels, two to a byte.
 //!
 //! Plane byte `j` holds component `j` in its low nibble and component
 //! `j + half` in its high nibble (`half = ceil(dim / 2)`), so a SIMD
 //! register of plane bytes unpacks into two runs of consecutive
 //! components with one mask and one shift, and no shuffles. An odd `dim`
-//! has one padding component, stored as `q = 0` (`u = 8`, `l = 0`).
+//! has one padding component, stored as `q = 0` (`u = 8`).
 //!
 //! Why our own kernels: `simsimd` (used for every other kernel) has no
-//! 4-bit integer type. The scalar versions are the reference the SIMD ones
+//! 4-bit integer type. The scalar version is the reference the SIMD ones
 //! are tested against.
 
 /// Bytes in one plane of a `dim`-component code.
@@ -22,57 +20,47 @@ pub(crate) fn plane_bytes(dim: usize) -> usize {
     dim.div_ceil(2)
 }
 
-/// High nibble of component `q`, offset to be unsigned.
+/// Level of component `q`: its high nibble, offset to be unsigned.
 #[inline]
-pub(crate) fn high(q: i8) -> u8 {
+pub(crate) fn level(q: i8) -> u8 {
     ((q >> 4) + 8) as u8
 }
 
-/// Low nibble of component `q`.
-#[inline]
-pub(crate) fn low(q: i8) -> u8 {
-    (q as u8) & 15
-}
-
-/// The component whose nibbles are `u` (high, offset) and `l` (low).
-#[inline]
-pub(crate) fn join(u: u8, l: u8) -> i8 {
-    (((u << 4) | l) ^ 0x80) as i8
-}
-
-/// Sums over the high planes `a` and `b`: `(Σ u_a·u_b, Σ u_a, Σ u_b)`,
+/// Sums over the planes `a` and `b`: `(Σ u_a·u_b, Σ u_a, Σ u_b)`,
 /// padding included.
 #[inline]
-pub(crate) fn coarse(a: &[u8], b: &[u8]) -> (u32, u32, u32) {
+pub(crate) fn sums(a: &[u8], b: &[u8]) -> (u32, u32, u32) {
     debug_assert_eq!(a.len(), b.len());
     #[cfg(target_arch = "x86_64")]
-    match level() {
+    match kernels() {
         // SAFETY: the CPU has the features (checked at run time).
-        Level::Vnni => return unsafe { x86_512::coarse_vnni(a, b) },
-        Level::Avx2 => return unsafe { x86::coarse_avx2(a, b) },
-        Level::Scalar => {}
+        Kernels::Vnni => return unsafe { x86_512::sums_vnni(a, b) },
+        Kernels::Avx2 => return unsafe { x86::sums_avx2(a, b) },
+        Kernels::Scalar => {}
     }
-    coarse_scalar(a, b)
+    sums_scalar(a, b)
 }
 
-/// `Σ q_a·q_b` over every component of two codes given by their planes.
+/// `Σ q·u` of a query's `i8` components `q` against a plane of levels:
+/// `q[j]` meets the low nibble of plane byte `j`, `q[half + j]` its high
+/// nibble (`q.len() == 2 * plane.len()`).
 #[inline]
-pub(crate) fn full(a_high: &[u8], a_low: &[u8], b_high: &[u8], b_low: &[u8]) -> i32 {
-    debug_assert!(a_high.len() == a_low.len() && b_high.len() == b_low.len() && a_high.len() == b_high.len());
+pub(crate) fn query_dot(q: &[i8], plane: &[u8]) -> i32 {
+    debug_assert_eq!(q.len(), 2 * plane.len());
     #[cfg(target_arch = "x86_64")]
-    match level() {
+    match kernels() {
         // SAFETY: the CPU has the features (checked at run time).
-        Level::Vnni => return unsafe { x86_512::full_vnni(a_high, a_low, b_high, b_low) },
-        Level::Avx2 => return unsafe { x86::full_avx2(a_high, a_low, b_high, b_low) },
-        Level::Scalar => {}
+        Kernels::Vnni => return unsafe { x86_512::query_dot_vnni(q, plane) },
+        Kernels::Avx2 => return unsafe { x86::query_dot_avx2(q, plane) },
+        Kernels::Scalar => {}
     }
-    full_scalar(a_high, a_low, b_high, b_low)
+    query_dot_scalar(q, plane)
 }
 
 /// The widest kernels this CPU runs.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Level {
+enum Kernels {
     /// AVX-512 with byte operations and VNNI's u8 × i8 dot products.
     Vnni,
     Avx2,
@@ -81,21 +69,21 @@ enum Level {
 
 #[cfg(target_arch = "x86_64")]
 #[inline]
-fn level() -> Level {
-    static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
-    *LEVEL.get_or_init(|| {
+fn kernels() -> Kernels {
+    static KERNELS: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    *KERNELS.get_or_init(|| {
         use std::arch::is_x86_feature_detected as has;
         if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
-            Level::Vnni
+            Kernels::Vnni
         } else if has!("avx2") {
-            Level::Avx2
+            Kernels::Avx2
         } else {
-            Level::Scalar
+            Kernels::Scalar
         }
     })
 }
 
-pub(crate) fn coarse_scalar(a: &[u8], b: &[u8]) -> (u32, u32, u32) {
+pub(crate) fn sums_scalar(a: &[u8], b: &[u8]) -> (u32, u32, u32) {
     let (mut p, mut sa, mut sb) = (0u32, 0u32, 0u32);
     for (&x, &y) in a.iter().zip(b) {
         let (x0, x1, y0, y1) = (u32::from(x & 15), u32::from(x >> 4), u32::from(y & 15), u32::from(y >> 4));
@@ -106,14 +94,15 @@ pub(crate) fn coarse_scalar(a: &[u8], b: &[u8]) -> (u32, u32, u32) {
     (p, sa, sb)
 }
 
-pub(crate) fn full_scalar(a_high: &[u8], a_low: &[u8], b_high: &[u8], b_low: &[u8]) -> i32 {
+pub(crate) fn query_dot_scalar(q: &[i8], plane: &[u8]) -> i32 {
+    let (lo, hi) = q.split_at(plane.len());
+    query_dot_scalar_parts(lo, hi, plane)
+}
+
+fn query_dot_scalar_parts(lo: &[i8], hi: &[i8], plane: &[u8]) -> i32 {
     let mut s = 0i32;
-    for j in 0..a_high.len() {
-        for shift in [0, 4] {
-            let qa = join((a_high[j] >> shift) & 15, (a_low[j] >> shift) & 15);
-            let qb = join((b_high[j] >> shift) & 15, (b_low[j] >> shift) & 15);
-            s += i32::from(qa) * i32::from(qb);
-        }
+    for ((&p, &a), &b) in plane.iter().zip(lo).zip(hi) {
+        s += i32::from(a) * i32::from(p & 15) + i32::from(b) * i32::from(p >> 4);
     }
     s
 }
@@ -139,7 +128,7 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2")]
-    pub(super) fn coarse_avx2(a: &[u8], b: &[u8]) -> (u32, u32, u32) {
+    pub(super) fn sums_avx2(a: &[u8], b: &[u8]) -> (u32, u32, u32) {
         let n = a.len().min(b.len());
         let mask = _mm256_set1_epi8(0x0f);
         let ones = _mm256_set1_epi16(1);
@@ -162,49 +151,38 @@ mod x86 {
             sb = _mm256_add_epi64(sb, _mm256_sad_epu8(_mm256_add_epi8(y0, y1), zero));
             i += 32;
         }
-        let (p, s_a, s_b) = super::coarse_scalar(&a[i..n], &b[i..n]);
+        let (p, s_a, s_b) = super::sums_scalar(&a[i..n], &b[i..n]);
         (sum_i32(acc) as u32 + p, sum_u64(sa) as u32 + s_a, sum_u64(sb) as u32 + s_b)
     }
 
-    /// The 32 components in the low (`SHIFT = 0`) or high (`SHIFT = 4`)
-    /// nibbles of 32 plane bytes, as i8.
     #[target_feature(enable = "avx2")]
-    fn components<const SHIFT: i32>(high: __m256i, low: __m256i) -> __m256i {
+    pub(super) fn query_dot_avx2(q: &[i8], plane: &[u8]) -> i32 {
+        let n = plane.len();
+        let (lo, hi) = q.split_at(n);
         let mask = _mm256_set1_epi8(0x0f);
-        let u = _mm256_and_si256(_mm256_srli_epi16::<SHIFT>(high), mask);
-        let l = _mm256_and_si256(_mm256_srli_epi16::<SHIFT>(low), mask);
-        // u ≤ 15, so shifting its 16-bit lane left by 4 stays in its byte.
-        _mm256_xor_si256(_mm256_or_si256(_mm256_slli_epi16::<4>(u), l), _mm256_set1_epi8(-128))
-    }
-
-    /// `Σ a·b` of 32 i8 pairs into eight i32 lanes. Components are never
-    /// -128 (codes clamp to ±127), so |a|·b pairs sum to at most 32,258.
-    #[target_feature(enable = "avx2")]
-    fn dot_i8(a: __m256i, b: __m256i) -> __m256i {
-        let p = _mm256_maddubs_epi16(_mm256_abs_epi8(a), _mm256_sign_epi8(b, a));
-        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub(super) fn full_avx2(a_high: &[u8], a_low: &[u8], b_high: &[u8], b_low: &[u8]) -> i32 {
-        let n = a_high.len().min(a_low.len()).min(b_high.len()).min(b_low.len());
+        let ones = _mm256_set1_epi16(1);
         let mut acc = _mm256_setzero_si256();
         let mut i = 0;
         while i + 32 <= n {
-            // SAFETY: `i + 32 <= n` bytes are in all four slices.
-            let (ah, al, bh, bl) = unsafe {
+            // SAFETY: `i + 32 <= n` bytes are in the plane and in both
+            // halves of `q`; loadu has no alignment requirement.
+            let (p, a, b) = unsafe {
                 (
-                    _mm256_loadu_si256(a_high.as_ptr().add(i).cast()),
-                    _mm256_loadu_si256(a_low.as_ptr().add(i).cast()),
-                    _mm256_loadu_si256(b_high.as_ptr().add(i).cast()),
-                    _mm256_loadu_si256(b_low.as_ptr().add(i).cast()),
+                    _mm256_loadu_si256(plane.as_ptr().add(i).cast()),
+                    _mm256_loadu_si256(lo.as_ptr().add(i).cast()),
+                    _mm256_loadu_si256(hi.as_ptr().add(i).cast()),
                 )
             };
-            acc = _mm256_add_epi32(acc, dot_i8(components::<0>(ah, al), components::<0>(bh, bl)));
-            acc = _mm256_add_epi32(acc, dot_i8(components::<4>(ah, al), components::<4>(bh, bl)));
+            let u0 = _mm256_and_si256(p, mask);
+            let u1 = _mm256_and_si256(_mm256_srli_epi16::<4>(p), mask);
+            // maddubs takes its first operand unsigned (levels, at most
+            // 15) and its second signed (|q| ≤ 127): a pair sums to at
+            // most 3,810, two pairs to 7,620, far from i16 saturation.
+            let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, a), _mm256_maddubs_epi16(u1, b));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s16, ones));
             i += 32;
         }
-        sum_i32(acc) + super::full_scalar(&a_high[i..n], &a_low[i..n], &b_high[i..n], &b_low[i..n])
+        sum_i32(acc) + super::query_dot_scalar_parts(&lo[i..n], &hi[i..n], &plane[i..n])
     }
 }
 
@@ -224,7 +202,7 @@ mod x86_512 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) fn coarse_vnni(a: &[u8], b: &[u8]) -> (u32, u32, u32) {
+    pub(super) fn sums_vnni(a: &[u8], b: &[u8]) -> (u32, u32, u32) {
         let n = a.len().min(b.len());
         let (a, b) = (&a[..n], &b[..n]);
         let m = _mm512_set1_epi8(0x0f);
@@ -247,41 +225,27 @@ mod x86_512 {
         (_mm512_reduce_add_epi32(acc) as u32, _mm512_reduce_add_epi64(sa) as u32, _mm512_reduce_add_epi64(sb) as u32)
     }
 
-    /// `q + 128` (as u8) of the components in the low (`SHIFT = 0`) or
-    /// high (`SHIFT = 4`) nibbles of 64 plane bytes.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    fn biased<const SHIFT: u32>(high: __m512i, low: __m512i) -> __m512i {
-        let m = _mm512_set1_epi8(0x0f);
-        let u = _mm512_and_si512(_mm512_srli_epi16::<SHIFT>(high), m);
-        let l = _mm512_and_si512(_mm512_srli_epi16::<SHIFT>(low), m);
-        // u ≤ 15, so shifting its 16-bit lane left by 4 stays in its byte.
-        _mm512_or_si512(_mm512_slli_epi16::<4>(u), l)
-    }
-
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) fn full_vnni(a_high: &[u8], a_low: &[u8], b_high: &[u8], b_low: &[u8]) -> i32 {
-        let n = a_high.len().min(a_low.len()).min(b_high.len()).min(b_low.len());
-        let (a_high, a_low, b_high, b_low) = (&a_high[..n], &a_low[..n], &b_high[..n], &b_low[..n]);
-        let flip = _mm512_set1_epi8(-128);
-        let ones = _mm512_set1_epi8(1);
-        let zero = _mm512_setzero_si512();
-        let (mut acc, mut sum_b) = (zero, zero);
+    pub(super) fn query_dot_vnni(q: &[i8], plane: &[u8]) -> i32 {
+        let n = plane.len();
+        // SAFETY: i8 and u8 have the same size and alignment; the bytes
+        // are only handed to VNNI as the signed operand.
+        let q = unsafe { std::slice::from_raw_parts(q.as_ptr().cast::<u8>(), q.len()) };
+        let (lo, hi) = q.split_at(n);
+        let m = _mm512_set1_epi8(0x0f);
+        let mut acc = _mm512_setzero_si512();
         let mut i = 0;
         while i < n {
-            let ((ah, _), (al, _), (bh, _), (bl, mask)) = (load(a_high, i), load(a_low, i), load(b_high, i), load(b_low, i));
-            // VNNI multiplies u8 by i8: take a's components as q + 128
-            // (unsigned) and b's as q, then subtract 128·Σ q_b. Bytes past
-            // the end are zero in a (no product) and masked to zero in b.
-            let (a0, a1) = (biased::<0>(ah, al), biased::<4>(ah, al));
-            let b0 = _mm512_maskz_mov_epi8(mask, _mm512_xor_si512(biased::<0>(bh, bl), flip));
-            let b1 = _mm512_maskz_mov_epi8(mask, _mm512_xor_si512(biased::<4>(bh, bl), flip));
-            acc = _mm512_dpbusd_epi32(acc, a0, b0);
-            acc = _mm512_dpbusd_epi32(acc, a1, b1);
-            sum_b = _mm512_dpbusd_epi32(sum_b, ones, b0);
-            sum_b = _mm512_dpbusd_epi32(sum_b, ones, b1);
+            // Past the end all three are zero: no product.
+            let ((p, _), (a, _), (b, _)) = (load(plane, i), load(lo, i), load(hi, i));
+            let u0 = _mm512_and_si512(p, m);
+            let u1 = _mm512_and_si512(_mm512_srli_epi16::<4>(p), m);
+            // Levels as the unsigned operand, the query's i8 as the signed.
+            acc = _mm512_dpbusd_epi32(acc, u0, a);
+            acc = _mm512_dpbusd_epi32(acc, u1, b);
             i += 64;
         }
-        _mm512_reduce_add_epi32(acc) - 128 * _mm512_reduce_add_epi32(sum_b)
+        _mm512_reduce_add_epi32(acc)
     }
 }
 
@@ -291,22 +255,21 @@ mod tests {
 
     use super::*;
 
-    /// Planes of the components `q` (padded to an even count with 0).
-    fn planes(q: &[i8]) -> (Vec<u8>, Vec<u8>) {
+    /// The plane of the components `q` (padded to an even count with 0).
+    fn plane(q: &[i8]) -> Vec<u8> {
         let half = plane_bytes(q.len());
         let at = |j: usize| q.get(j).copied().unwrap_or(0);
-        let hi = (0..half).map(|j| high(at(j)) | (high(at(j + half)) << 4)).collect();
-        let lo = (0..half).map(|j| low(at(j)) | (low(at(j + half)) << 4)).collect();
-        (hi, lo)
+        (0..half).map(|j| level(at(j)) | (level(at(j + half)) << 4)).collect()
     }
 
     #[test]
-    fn nibbles_join_back_into_every_component() {
+    fn every_component_has_a_level_of_four_bits() {
         for q in -127i8..=127 {
-            let (u, l) = (high(q), low(q));
-            assert!(u <= 15 && l <= 15);
-            assert_eq!(join(u, l), q);
-            assert_eq!(i32::from(q), 16 * (i32::from(u) - 8) + i32::from(l));
+            let u = level(q);
+            assert!(u <= 15);
+            // The level's 16 steps hold q.
+            let low = 16 * (i32::from(u) - 8);
+            assert!((low..low + 16).contains(&i32::from(q)), "{q} in level {u}");
         }
     }
 
@@ -316,38 +279,41 @@ mod tests {
             pairs in proptest::collection::vec((-127i8..=127, -127i8..=127), 1..200)
         ) {
             let (a, b): (Vec<i8>, Vec<i8>) = pairs.into_iter().unzip();
-            let (ah, al) = planes(&a);
-            let (bh, bl) = planes(&b);
-            let exact: i32 = a.iter().zip(&b).map(|(&x, &y)| i32::from(x) * i32::from(y)).sum();
-            prop_assert_eq!(full(&ah, &al, &bh, &bl), exact);
-            prop_assert_eq!(full_scalar(&ah, &al, &bh, &bl), exact);
+            let (pa, pb) = (plane(&a), plane(&b));
+            let pad = 2 * plane_bytes(a.len()) - a.len();
+            let us = |q: &[i8]| q.iter().map(|&x| u32::from(level(x))).sum::<u32>() + 8 * pad as u32;
+            let p: u32 = a.iter().zip(&b).map(|(&x, &y)| u32::from(level(x)) * u32::from(level(y))).sum::<u32>() + 64 * pad as u32;
+            let want = (p, us(&a), us(&b));
+            // A query's i8 components against the levels of b.
+            let mut qa: Vec<i8> = a.clone();
+            qa.resize(2 * plane_bytes(a.len()), 0);
+            let qd: i32 = qa.iter().zip(b.iter().chain(std::iter::repeat(&0))).map(|(&x, &y)| i32::from(x) * i32::from(level(y))).sum();
+            prop_assert_eq!(query_dot(&qa, &pb), qd);
+            prop_assert_eq!(query_dot_scalar(&qa, &pb), qd);
             #[cfg(target_arch = "x86_64")]
             {
                 use std::arch::is_x86_feature_detected as has;
                 if has!("avx2") {
                     // SAFETY: checked just above.
-                    prop_assert_eq!(unsafe { x86::full_avx2(&ah, &al, &bh, &bl) }, exact);
+                    prop_assert_eq!(unsafe { x86::query_dot_avx2(&qa, &pb) }, qd);
                 }
                 if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
                     // SAFETY: checked just above.
-                    prop_assert_eq!(unsafe { x86_512::full_vnni(&ah, &al, &bh, &bl) }, exact);
+                    prop_assert_eq!(unsafe { x86_512::query_dot_vnni(&qa, &pb) }, qd);
                 }
             }
-            let pad = 2 * plane_bytes(a.len()) - a.len();
-            let us = |q: &[i8]| q.iter().map(|&x| u32::from(high(x))).sum::<u32>() + 8 * pad as u32;
-            let p: u32 = a.iter().zip(&b).map(|(&x, &y)| u32::from(high(x)) * u32::from(high(y))).sum::<u32>() + 64 * pad as u32;
-            prop_assert_eq!(coarse(&ah, &bh), (p, us(&a), us(&b)));
-            prop_assert_eq!(coarse_scalar(&ah, &bh), (p, us(&a), us(&b)));
+            prop_assert_eq!(sums(&pa, &pb), want);
+            prop_assert_eq!(sums_scalar(&pa, &pb), want);
             #[cfg(target_arch = "x86_64")]
             {
                 use std::arch::is_x86_feature_detected as has;
                 if has!("avx2") {
                     // SAFETY: checked just above.
-                    prop_assert_eq!(unsafe { x86::coarse_avx2(&ah, &bh) }, (p, us(&a), us(&b)));
+                    prop_assert_eq!(unsafe { x86::sums_avx2(&pa, &pb) }, want);
                 }
                 if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
                     // SAFETY: checked just above.
-                    prop_assert_eq!(unsafe { x86_512::coarse_vnni(&ah, &bh) }, (p, us(&a), us(&b)));
+                    prop_assert_eq!(unsafe { x86_512::sums_vnni(&pa, &pb) }, want);
                 }
             }
         }

@@ -13,7 +13,7 @@ use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer};
 use crate::index::Rescore;
 use crate::links_log::{LogIndex, LogVersions};
 use crate::params::IndexParams;
-use crate::quant::{OwnedCode, Walk};
+use crate::quant::{Query, QueryCode};
 use crate::stop::Stop;
 use crate::store::Store;
 use crate::tombstone_set::TombstoneSet;
@@ -173,16 +173,12 @@ impl Session {
         let view = unsafe { TxnView::new(txn, store, cache, frozen, log, params) };
         // Read through this same transaction.
         let mut view = view.with_tombstones(tombstones.as_ref().and_then(Option::as_ref));
-        let code = OwnedCode::new(query);
-        let qc = code.code();
-        // A search's candidates are its answer, so it walks at full
-        // precision (an insert walks coarse; see `quant`).
-        let walk = Walk::full(metric);
-        let mut best = Scored { dist: walk.distance(qc, view.code(entry)?), id: entry };
+        let qc = QueryCode::new(query);
+        let mut best = Scored { dist: qc.distance(metric, view.code(entry)?), id: entry };
         for l in (1..=top).rev() {
-            best = greedy_closest(&mut view, scratch, walk, qc, best, l, stop)?;
+            best = greedy_closest(&mut view, scratch, metric, &qc, best, l, stop)?;
         }
-        search_layer(&mut view, scratch, walk, qc, &[best], ef, 0, skip, found, stop)?;
+        search_layer(&mut view, scratch, metric, &qc, &[best], ef, 0, skip, found, stop)?;
         // The walk ranked candidates by their codes; re-score the best ones
         // with the exact vectors, so results and distances are exact. Each
         // may be a page read on a cold cache: keep looking at `stop`.

@@ -3,7 +3,6 @@
 
 use crate::error::Result;
 use crate::hnsw::{Scored, greedy_closest, prefetch_codes, search_layer, select_neighbours};
-use crate::quant::Walk;
 use crate::stop::Stop;
 use crate::view::Graph;
 
@@ -16,15 +15,11 @@ impl BuildCtx<'_> {
         let query = view.code(node)?;
         let level = self.overlay.level_of_new(node);
         let (entry_id, top) = entry;
-        // The walk only gathers candidates; they are re-scored in full
-        // before any link is chosen, so it can read half of each code.
-        let walk = Walk::coarse(metric);
-        let full = Walk::full(metric);
-        let mut best = Scored { dist: walk.distance(query, view.code(entry_id)?), id: entry_id };
+        let mut best = Scored { dist: metric.code_distance(query, view.code(entry_id)?), id: entry_id };
         // Linking a batch is never stopped half-way.
         let never = Stop::never();
         for l in (level.saturating_add(1)..=top).rev() {
-            best = greedy_closest(view, &mut w.scratch, walk, query, best, l, &never)?;
+            best = greedy_closest(view, &mut w.scratch, metric, &query, best, l, &never)?;
         }
         // Never longer than the live point count: with mostly tombstones,
         // a longer list could only be filled by visiting every node.
@@ -33,29 +28,23 @@ impl BuildCtx<'_> {
         w.entry.push(best);
         w.back.clear();
         for l in (0..=level.min(top)).rev() {
-            search_layer(view, &mut w.scratch, walk, query, &w.entry, ef, l, self.has_tombstones, &mut w.found, &never)?;
+            search_layer(view, &mut w.scratch, metric, &query, &w.entry, ef, l, self.has_tombstones, &mut w.found, &never)?;
             w.found.retain(|s| s.id != node);
             if w.found.is_empty() && self.has_tombstones {
                 // Every node this search reached is retired: link to them
                 // anyway (as hnswlib links to a deleted entry point), or the
                 // new node would be unreachable. Pruning drops those links
                 // later, once live neighbours exist.
-                search_layer(view, &mut w.scratch, walk, query, &w.entry, ef, l, false, &mut w.found, &never)?;
+                search_layer(view, &mut w.scratch, metric, &query, &w.entry, ef, l, false, &mut w.found, &never)?;
                 w.found.retain(|s| s.id != node);
             }
-            // Re-score the candidates in full: links are chosen (and later
-            // pruned) on full-precision distances only.
-            w.links.clear();
-            w.links.extend(w.found.iter().map(|s| s.id));
-            prefetch_codes(view, &w.links, full.bytes(query.dim()))?;
+            // The walk's distances are the ones links are chosen by (one
+            // precision since format 9), in the order it found them.
             w.cands.clear();
-            for s in &w.found {
-                w.cands.push(Scored { dist: metric.code_distance(query, view.code(s.id)?), id: s.id });
-            }
-            w.cands.sort_unstable();
+            w.cands.extend_from_slice(&w.found);
             // As in hnswlib, a new node takes M links on every layer; M0 is
             // the room existing bottom-layer nodes have for back links.
-            select_neighbours(view, full, &w.cands, self.params.m as usize, &mut w.chosen)?;
+            select_neighbours(view, metric, &w.cands, self.params.m as usize, &mut w.chosen)?;
             self.set_own_links(view, w, node, l)?;
             for &n in &w.chosen {
                 let d = w.cands.iter().find(|s| s.id == n).map_or(f32::INFINITY, |s| s.dist);
@@ -102,7 +91,7 @@ impl BuildCtx<'_> {
                 w.cands.push(Scored { dist: metric.code_distance(v, view.code(x)?), id: x });
             }
             w.cands.sort_unstable();
-            select_neighbours(view, Walk::full(metric), &w.cands, cap, &mut w.pruned)?;
+            select_neighbours(view, metric, &w.cands, cap, &mut w.pruned)?;
             own.clear();
             own.extend_from_slice(&w.pruned);
         }
@@ -123,22 +112,19 @@ impl BuildCtx<'_> {
             return Ok(());
         }
         let vn = view.code(n)?;
-        // Pruning decides which links a node keeps: full precision (coarse
-        // pruning measured 0.01 lower recall at ef=16 for no clear gain).
-        let prune = Walk::full(metric);
         // Start loading every member's code before the first distance waits
         // for one: at 100k points most of them miss the CPU caches, and one
         // after the other they would cost a full memory latency each.
-        prefetch_codes(view, &list[..], prune.bytes(vn.dim()))?;
+        prefetch_codes(view, &list[..])?;
         w.cands.clear();
         w.cands.push(Scored { dist, id: new });
         for &x in list.iter() {
             if !view.is_tombstone(x)? {
-                w.cands.push(Scored { dist: prune.distance(vn, view.code(x)?), id: x });
+                w.cands.push(Scored { dist: metric.code_distance(vn, view.code(x)?), id: x });
             }
         }
         w.cands.sort_unstable();
-        select_neighbours(view, prune, &w.cands, cap, &mut w.pruned)?;
+        select_neighbours(view, metric, &w.cands, cap, &mut w.pruned)?;
         list.clear();
         list.extend_from_slice(&w.pruned);
         Ok(())

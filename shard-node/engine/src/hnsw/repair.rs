@@ -3,7 +3,6 @@
 
 use crate::error::Result;
 use crate::hnsw::{Scored, prefetch_codes, select_neighbours};
-use crate::quant::Walk;
 use crate::view::Graph;
 
 use super::build::{BuildCtx, BuildView, Worker};
@@ -28,8 +27,7 @@ impl BuildCtx<'_> {
     /// rounds at 30k); the second hop offers the nodes a fresh build
     /// would have linked.
     pub(crate) fn repair(&self, view: &mut BuildView<'_>, w: &mut Worker, dead: u32) -> Result<()> {
-        let full = Walk::full(self.params.metric);
-        let bytes = full.bytes(self.params.dim as usize);
+        let metric = self.params.metric;
         let keep = self.params.ef_construction as usize;
         let level = view.base.node(dead)?.level;
         for l in 0..=level {
@@ -43,7 +41,7 @@ impl BuildCtx<'_> {
                 }
             }
             let pool = self.two_hops(view, w, dead, l, &live)?;
-            prefetch_codes(view, &pool, bytes)?;
+            prefetch_codes(view, &pool)?;
             for &x in &live {
                 let vx = view.code(x)?;
                 if self.overlay.list_mut(&mut view.base, x, l)?.contains(&dead) {
@@ -52,7 +50,7 @@ impl BuildCtx<'_> {
                     w.cands.clear();
                     for &y in &pool {
                         if y != x {
-                            w.cands.push(Scored { dist: full.distance(vx, view.code(y)?), id: y });
+                            w.cands.push(Scored { dist: metric.code_distance(vx, view.code(y)?), id: y });
                         }
                     }
                     if w.cands.len() > keep {
@@ -63,11 +61,11 @@ impl BuildCtx<'_> {
                     if list.contains(&dead) {
                         for &y in list.iter() {
                             if y != dead && y != x && pool.binary_search(&y).is_err() && !view.is_tombstone(y)? {
-                                w.cands.push(Scored { dist: full.distance(vx, view.code(y)?), id: y });
+                                w.cands.push(Scored { dist: metric.code_distance(vx, view.code(y)?), id: y });
                             }
                         }
                         w.cands.sort_unstable();
-                        select_neighbours(view, full, &w.cands, cap, &mut w.pruned)?;
+                        select_neighbours(view, metric, &w.cands, cap, &mut w.pruned)?;
                         list.clear();
                         list.extend_from_slice(&w.pruned);
                     }
@@ -75,7 +73,7 @@ impl BuildCtx<'_> {
                 let mut closest: Option<Scored> = None;
                 for &y in &live {
                     if y != x {
-                        let d = full.distance(vx, view.code(y)?);
+                        let d = metric.code_distance(vx, view.code(y)?);
                         if closest.is_none_or(|c| d < c.dist) {
                             closest = Some(Scored { dist: d, id: y });
                         }

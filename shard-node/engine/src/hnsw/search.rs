@@ -5,7 +5,8 @@ use std::collections::BinaryHeap;
 
 use crate::cache::Visited;
 use crate::error::Result;
-use crate::quant::{Code, Walk};
+use crate::metric::Metric;
+use crate::quant::{Code, Query, code_bytes};
 use crate::stop::Stop;
 use crate::view::Graph;
 
@@ -69,25 +70,24 @@ impl Scratch {
 
 /// Greedy descent on an upper layer: move to the closest neighbour until no
 /// neighbour is closer (ef = 1).
-pub(crate) fn greedy_closest<'g, G: Graph<'g>>(
+pub(crate) fn greedy_closest<'g, G: Graph<'g>, Q: Query + ?Sized>(
     graph: &mut G,
     scratch: &mut Scratch,
-    walk: Walk,
-    query: Code<'_>,
+    metric: Metric,
+    query: &Q,
     mut best: Scored,
     level: u8,
     stop: &Stop,
 ) -> Result<Scored> {
-    let code_bytes = walk.bytes(query.dim());
     let mut pacer = stop.pacer();
     loop {
         pacer.step()?;
         let mut moved = false;
         graph.links(best.id, level, &mut scratch.links)?;
-        prefetch_codes(graph, &scratch.links, code_bytes)?;
+        prefetch_codes(graph, &scratch.links)?;
         for i in 0..scratch.links.len() {
             let n = scratch.links[i];
-            let d = walk.distance(query, graph.code(n)?);
+            let d = query.distance(metric, graph.code(n)?);
             if d < best.dist {
                 best = Scored { dist: d, id: n };
                 moved = true;
@@ -105,11 +105,11 @@ pub(crate) fn greedy_closest<'g, G: Graph<'g>>(
 /// first, at most `ef` of them. Gives up with [`crate::Error::Stopped`]
 /// when `stop` says so (checked every few expansions).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn search_layer<'g, G: Graph<'g>>(
+pub(crate) fn search_layer<'g, G: Graph<'g>, Q: Query + ?Sized>(
     graph: &mut G,
     scratch: &mut Scratch,
-    walk: Walk,
-    query: Code<'_>,
+    metric: Metric,
+    query: &Q,
     entry: &[Scored],
     ef: usize,
     level: u8,
@@ -135,7 +135,7 @@ pub(crate) fn search_layer<'g, G: Graph<'g>>(
     }
     let mut bound = if results.len() >= ef { results.peek().map_or(f32::INFINITY, |r| r.dist) } else { f32::INFINITY };
     let dim = query.dim();
-    let code_bytes = walk.bytes(dim);
+    let code_bytes = code_bytes(dim);
     let mut pacer = stop.pacer();
 
     while let Some(Reverse(c)) = candidates.pop() {
@@ -166,7 +166,7 @@ pub(crate) fn search_layer<'g, G: Graph<'g>>(
             // SAFETY: `p` came from `graph.code` in this call: a code of
             // `dim` components that lives as long as the graph's transaction.
             let code = unsafe { Code::from_raw(p, dim) };
-            let d = walk.distance(query, code);
+            let d = query.distance(metric, code);
             if results.len() < ef || d < bound {
                 candidates.push(Reverse(Scored { dist: d, id: n }));
                 if !(skip_tombstones && graph.is_tombstone(n)?) {
@@ -187,12 +187,13 @@ pub(crate) fn search_layer<'g, G: Graph<'g>>(
     Ok(())
 }
 
-/// Starts loading the first `bytes` bytes of the codes of `ids`, so that
-/// the distances computed next overlap their memory latencies instead of
-/// waiting for one code after the other.
-pub(crate) fn prefetch_codes<'g, G: Graph<'g>>(graph: &mut G, ids: &[u32], bytes: usize) -> Result<()> {
+/// Starts loading the codes of `ids`, so that the distances computed next
+/// overlap their memory latencies instead of waiting for one code after
+/// the other.
+pub(crate) fn prefetch_codes<'g, G: Graph<'g>>(graph: &mut G, ids: &[u32]) -> Result<()> {
     for &id in ids {
-        prefetch(graph.code(id)?.as_ptr(), bytes);
+        let code = graph.code(id)?;
+        prefetch(code.as_ptr(), code_bytes(code.dim()));
     }
     Ok(())
 }

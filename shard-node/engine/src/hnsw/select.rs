@@ -2,7 +2,8 @@
 
 use crate::error::Result;
 use crate::hnsw::Scored;
-use crate::quant::{Code, Walk};
+use crate::metric::Metric;
+use crate::quant::Code;
 use crate::view::Graph;
 
 /// HNSW's neighbour-selection heuristic (the paper's algorithm 4, as in
@@ -14,7 +15,7 @@ use crate::view::Graph;
 /// `candidates` must be sorted by distance to the base, ascending.
 pub(crate) fn select_neighbours<'g, G: Graph<'g>>(
     graph: &mut G,
-    walk: Walk,
+    metric: Metric,
     candidates: &[Scored],
     m: usize,
     out: &mut Vec<u32>,
@@ -30,7 +31,7 @@ pub(crate) fn select_neighbours<'g, G: Graph<'g>>(
             break;
         }
         let v = graph.code(c.id)?;
-        if kept.iter().all(|&k| walk.distance(v, k) >= c.dist) {
+        if kept.iter().all(|&k| metric.code_distance(v, k) >= c.dist) {
             out.push(c.id);
             kept.push(v);
         }

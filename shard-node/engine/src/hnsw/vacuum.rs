@@ -3,7 +3,6 @@
 
 use crate::error::Result;
 use crate::hnsw::{Scored, greedy_closest, prefetch_codes, search_layer, select_neighbours};
-use crate::quant::Walk;
 use crate::stop::Stop;
 use crate::view::Graph;
 
@@ -27,13 +26,11 @@ impl BuildCtx<'_> {
         let metric = self.params.metric;
         let level = view.base.node(dead)?.level;
         let query = view.code(dead)?;
-        let walk = Walk::coarse(metric);
-        let full = Walk::full(metric);
         let never = Stop::never();
         let (entry_id, top) = entry;
-        let mut best = Scored { dist: walk.distance(query, view.code(entry_id)?), id: entry_id };
+        let mut best = Scored { dist: metric.code_distance(query, view.code(entry_id)?), id: entry_id };
         for l in (level.saturating_add(1)..=top).rev() {
-            best = greedy_closest(view, &mut w.scratch, walk, query, best, l, &never)?;
+            best = greedy_closest(view, &mut w.scratch, metric, &query, best, l, &never)?;
         }
         let ef = self.params.ef_construction as usize;
         w.entry.clear();
@@ -42,7 +39,7 @@ impl BuildCtx<'_> {
         for l in (0..=level.min(top)).rev() {
             // Routing through tombstones too: `dead`'s in-neighbours are
             // what is wanted here, live or not.
-            search_layer(view, &mut w.scratch, walk, query, &w.entry, ef, l, false, &mut w.found, &never)?;
+            search_layer(view, &mut w.scratch, metric, &query, &w.entry, ef, l, false, &mut w.found, &never)?;
             // The replacements on offer: `dead`'s live neighbours, and the
             // live nodes nearest to it (the search's answer, nearest first),
             // which are near whoever linked to `dead` too. With the second
@@ -73,7 +70,7 @@ impl BuildCtx<'_> {
             let mut suspects: Vec<u32> = w.found.iter().map(|s| s.id).chain(live.iter().copied()).collect();
             suspects.sort_unstable();
             suspects.dedup();
-            prefetch_codes(view, &live, full.bytes(query.dim()))?;
+            prefetch_codes(view, &live)?;
             for &x in &suspects {
                 if x == dead || view.is_tombstone(x)? {
                     continue;
@@ -97,7 +94,7 @@ impl BuildCtx<'_> {
                     }
                 }
                 w.cands.sort_unstable();
-                select_neighbours(view, full, &w.cands, cap, &mut w.pruned)?;
+                select_neighbours(view, metric, &w.cands, cap, &mut w.pruned)?;
                 list.clear();
                 list.extend_from_slice(&w.pruned);
             }
