@@ -17,9 +17,10 @@
 //! Why 4 bits and not 8: format 8 stored each component as an `i8`, split
 //! into a plane of high nibbles (what inserts walked with) and one of low
 //! nibbles (what searches and the choice of links read). Walking, choosing
-//! and pruning on the high nibbles alone measured the same recall on the
-//! 1M stand-in (docs/scale.md, "4-bit codes"), and the low plane was 0.13x
-//! of the file. A level is the high nibble of that `i8`, so an index of
+//! and pruning on the high nibbles alone measured the same recall, with
+//! searches measuring from the query's own `i8` code ([`QueryCode`]), on
+//! the PyPI set and the 1M stand-in (docs/scale.md, "4-bit codes"), and
+//! the low plane was 0.13x of the file. A level is the high nibble of that `i8`, so an index of
 //! format 8 migrates by dropping its low plane, and its codes are then the
 //! ones this encoder writes.
 
@@ -102,15 +103,33 @@ impl<'a> Code<'a> {
 /// be as accurate) is what makes a migrated format-8 code equal to one
 /// encoded now.
 pub(crate) fn encode(v: &[f32], out: &mut Vec<u8>) {
-    let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let scale = if max > 0.0 { max / 127.0 } else { 0.0 };
-    let norm2 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>() as f32;
+    let Steps { scale, norm2, q } = Steps::of(v);
     out.extend_from_slice(&scale.to_le_bytes());
     out.extend_from_slice(&norm2.to_le_bytes());
-    let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-    let q = |j: usize| v.get(j).map_or(0, |&x| (x * inv).round().clamp(-127.0, 127.0) as i8);
     let half = plane_bytes(v.len());
-    out.extend((0..half).map(|j| nibble::level(q(j)) | (nibble::level(q(j + half)) << 4)));
+    out.extend((0..half).map(|j| nibble::level(q[j]) | (nibble::level(q[j + half]) << 4)));
+}
+
+/// A vector in `i8` steps of its largest magnitude / 127: what both a
+/// stored code and a query's code start from.
+struct Steps {
+    scale: f32,
+    /// Exact squared length.
+    norm2: f32,
+    /// Components rounded to steps, padded with 0 to `2 * plane_bytes`.
+    q: Vec<i8>,
+}
+
+impl Steps {
+    fn of(v: &[f32]) -> Self {
+        let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let scale = if max > 0.0 { max / 127.0 } else { 0.0 };
+        let norm2 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>() as f32;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let mut q: Vec<i8> = v.iter().map(|&x| (x * inv).round().clamp(-127.0, 127.0) as i8).collect();
+        q.resize(2 * plane_bytes(v.len()), 0);
+        Steps { scale, norm2, q }
+    }
 }
 
 /// An owned code, as a stored one (tests build them from vectors).
@@ -158,12 +177,7 @@ pub(crate) struct QueryCode {
 
 impl QueryCode {
     pub(crate) fn new(v: &[f32]) -> Self {
-        let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let scale = if max > 0.0 { max / 127.0 } else { 0.0 };
-        let norm2 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>() as f32;
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        let mut q: Vec<i8> = v.iter().map(|&x| (x * inv).round().clamp(-127.0, 127.0) as i8).collect();
-        q.resize(2 * plane_bytes(v.len()), 0);
+        let Steps { scale, norm2, q } = Steps::of(v);
         let sum = q.iter().map(|&x| i32::from(x)).sum();
         QueryCode { scale, norm2, q, sum, dim: v.len() }
     }
