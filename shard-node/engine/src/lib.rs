@@ -44,6 +44,7 @@ mod params;
 mod plan;
 mod quant;
 mod session;
+mod sparse_chunk;
 mod stop;
 mod store;
 mod table;

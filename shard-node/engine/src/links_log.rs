@@ -15,7 +15,8 @@
 //! log, which value (a *slot*, in epoch order) and which record. It is
 //! built in memory, one immutable version per log epoch, and shared by
 //! structure between versions (a new version copies only the chunks whose
-//! ids changed). [`LogVersions`] pairs each read transaction with the
+//! ids changed); a chunk holds only the ids that have a list in the log
+//! (`sparse_chunk`), so the index grows with the log, not the index. [`LogVersions`] pairs each read transaction with the
 //! version of the state it reads, by the epoch stored in that state.
 //!
 //! Entries name records, not addresses, so a version stays valid when the
@@ -33,10 +34,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::sparse_chunk::{CHUNK, SparseChunk};
 use crate::store::Store;
 
-/// Ids per chunk of the index.
-const CHUNK: usize = 1024;
 /// Most values the log holds before it must be folded (slots are 8 bits).
 pub(crate) const MAX_VALUES: usize = 255;
 /// Most records one value may hold (record numbers are 24 bits).
@@ -48,8 +48,9 @@ pub(crate) const HEADER: usize = 4;
 /// Where each id's newest logged list is, as of one log epoch.
 #[derive(Clone, Default)]
 pub(crate) struct LogIndex {
-    /// Per chunk of ids, per id: 0, or `(slot + 1) << 24 | record`.
-    chunks: Vec<Option<Arc<[u32; CHUNK]>>>,
+    /// Per chunk of ids, per id with a list in the log:
+    /// `(slot + 1) << 24 | record`.
+    chunks: Vec<Option<Arc<SparseChunk>>>,
     /// The epochs (keys) of the log's values; an entry's slot indexes this.
     values: Vec<u64>,
     /// Records each value holds (parallel to `values`).
@@ -109,8 +110,7 @@ impl LogIndex {
     #[inline]
     pub(crate) fn get(&self, id: u32) -> Option<(usize, usize)> {
         let chunk = self.chunks.get(id as usize / CHUNK)?.as_ref()?;
-        let e = chunk[id as usize % CHUNK];
-        (e != 0).then(|| ((e >> 24) as usize - 1, (e & 0xFF_FFFF) as usize))
+        chunk.get(id as usize % CHUNK).map(decode)
     }
 
     /// Every id with a logged list, ascending, with where its list is.
@@ -128,12 +128,7 @@ impl LogIndex {
             .iter()
             .enumerate()
             .flat_map(move |(c, chunk)| {
-                chunk.iter().flat_map(move |ch| {
-                    ch.iter()
-                        .enumerate()
-                        .filter(|(_, e)| **e != 0)
-                        .map(move |(i, &e)| (((first + c) * CHUNK + i) as u32, ((e >> 24) as usize - 1, (e & 0xFF_FFFF) as usize)))
-                })
+                chunk.iter().flat_map(move |ch| ch.iter().map(move |(i, e)| (((first + c) * CHUNK + i) as u32, decode(e))))
             })
             .filter(move |(id, _)| range.contains(id))
     }
@@ -159,8 +154,9 @@ impl LogIndex {
                 next.chunks[c] = None;
                 continue;
             }
-            if chunk[lo % CHUNK..=(hi - 1) % CHUNK].iter().any(|&e| e != 0) {
-                Arc::make_mut(chunk)[lo % CHUNK..=(hi - 1) % CHUNK].fill(0);
+            let offsets = lo - c * CHUNK..hi - c * CHUNK;
+            if chunk.any_in(offsets.clone()) {
+                Arc::make_mut(chunk).clear(offsets);
             }
         }
         if end { next.end_pass() } else { next }
@@ -180,19 +176,17 @@ impl LogIndex {
         let dropped: u64 = self.counts.drain(..k).map(u64::from).sum();
         self.records -= dropped;
         let shift = (k as u32) << 24;
-        for chunk in self.chunks.iter_mut().flatten() {
-            if chunk.iter().any(|&e| e != 0) {
-                for e in Arc::make_mut(chunk).iter_mut().filter(|e| **e != 0) {
-                    debug_assert!(*e >> 24 > k as u32, "an entry names a value the pass folded");
-                    *e -= shift;
-                }
+        for slot in self.chunks.iter_mut() {
+            let Some(chunk) = slot.as_mut() else { continue };
+            if chunk.is_empty() {
+                *slot = None;
+                continue;
+            }
+            for e in Arc::make_mut(chunk).values_mut() {
+                debug_assert!(*e >> 24 > k as u32, "an entry names a value the pass folded");
+                *e -= shift;
             }
         }
-        self.chunks.iter_mut().for_each(|c| {
-            if c.as_ref().is_some_and(|c| c.iter().all(|&e| e == 0)) {
-                *c = None;
-            }
-        });
         self
     }
 
@@ -219,9 +213,9 @@ impl LogIndex {
             if next.chunks.len() <= c {
                 next.chunks.resize(c + 1, None);
             }
-            let chunk = next.chunks[c].get_or_insert_with(|| Arc::new([0; CHUNK]));
+            let chunk = next.chunks[c].get_or_insert_with(Default::default);
             // Copies the chunk if an older version still shares it.
-            Arc::make_mut(chunk)[id as usize % CHUNK] = ((slot as u32 + 1) << 24) | record as u32;
+            Arc::make_mut(chunk).set(id as usize % CHUNK, ((slot as u32 + 1) << 24) | record as u32);
             next.records += 1;
             next.counts[slot] += 1;
         }
@@ -230,7 +224,7 @@ impl LogIndex {
 
     /// Memory the index's chunks take (shared chunks counted in full).
     pub(crate) fn bytes(&self) -> usize {
-        self.chunks.iter().flatten().count() * CHUNK * 4 + self.chunks.len() * 8
+        self.chunks.iter().flatten().map(|c| c.bytes()).sum::<usize>() + self.chunks.len() * 8
     }
 
     /// Reads the whole log through `txn`: what [`crate::index::Index::open`]
@@ -250,6 +244,12 @@ impl LogIndex {
         }
         Ok(index)
     }
+}
+
+/// An entry's `(slot, record)`.
+#[inline]
+fn decode(e: u32) -> (usize, usize) {
+    ((e >> 24) as usize - 1, (e & 0xFF_FFFF) as usize)
 }
 
 /// The ids whose lists a stored log value holds, checked to be whole
@@ -471,6 +471,74 @@ mod tests {
         assert_eq!(s2.get(3000), Some((2, 1)), "the version before the end changed");
         // A pass over an empty range of a chunk changes nothing but the cursor.
         assert_eq!(v2.folded(1500..1500, false).entries().count(), 4);
+    }
+
+    /// What a version must answer: for each id, the slot and record of its
+    /// newest list, where slots count the values not yet forgotten.
+    #[derive(Clone, Default)]
+    struct Model {
+        values: Vec<u64>,
+        entries: std::collections::BTreeMap<u32, (usize, usize)>,
+        pass: Option<Pass>,
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn versions_answer_like_a_map_through_appends_and_passes(
+            steps in proptest::collection::vec((proptest::collection::btree_set(0u32..5000, 0..300), 0u32..1500, proptest::bool::ANY), 1..30),
+        ) {
+            let mut index = LogIndex::default();
+            let mut model = Model::default();
+            let mut kept: Vec<(LogIndex, Model)> = Vec::new();
+            for (epoch, (ids, step, append)) in steps.into_iter().enumerate() {
+                if append && model.values.len() < 20 {
+                    index = index.with_value(epoch as u64, ids.iter().copied());
+                    let slot = model.values.len();
+                    model.values.push(epoch as u64);
+                    for (record, id) in ids.iter().enumerate() {
+                        model.entries.insert(*id, (slot, record));
+                    }
+                } else {
+                    let start = model.pass.map_or(0, |p| p.cursor);
+                    let end = (start + step).min(5000);
+                    let done = end == 5000;
+                    index = index.folded(start..end, done);
+                    let values = model.pass.map_or(model.values.len(), |p| p.values);
+                    model.entries.retain(|id, _| !(start..end).contains(id));
+                    model.pass = Some(Pass { values, cursor: end });
+                    if done {
+                        model.values.drain(..values);
+                        model.entries.values_mut().for_each(|(slot, _)| *slot -= values);
+                        model.pass = None;
+                    }
+                }
+                kept.push((index.clone(), model.clone()));
+            }
+            // Every version still answers as it did when it was made.
+            for (version, model) in &kept {
+                proptest::prop_assert_eq!(version.values(), &model.values[..]);
+                proptest::prop_assert_eq!(version.pass(), model.pass);
+                let all: Vec<_> = version.entries().collect();
+                proptest::prop_assert_eq!(all, model.entries.iter().map(|(i, e)| (*i, *e)).collect::<Vec<_>>());
+                for id in (0..5100).step_by(7) {
+                    proptest::prop_assert_eq!(version.get(id), model.entries.get(&id).copied());
+                }
+                let part: Vec<_> = version.entries_in(1000..3333).collect();
+                proptest::prop_assert_eq!(part, model.entries.range(1000..3333).map(|(i, e)| (*i, *e)).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn the_index_grows_with_the_log_not_the_ids() {
+        // A thousand lists spread over a million ids, one per chunk nearly:
+        // the dense chunks took 4 MiB; sparse ones take a bitmap per chunk
+        // (~200 bytes) and their entries.
+        let ids = (0..1000u32).map(|i| i * 1000);
+        let index = LogIndex::default().with_value(1, ids);
+        assert!(index.bytes() < 1000 * 220, "{} bytes", index.bytes());
+        let packed = LogIndex::default().with_value(1, 0..100_000);
+        assert!(packed.bytes() < 100_000 * 5, "{} bytes", packed.bytes());
     }
 
     #[test]
