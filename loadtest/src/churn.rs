@@ -151,6 +151,11 @@ pub(crate) struct Args {
     /// unless given).
     #[arg(long)]
     batch_log_max_share: Option<f64>,
+    /// MiB a write transaction keeps of the pages it changes before LMDB
+    /// writes some out early (0: LMDB's own limit; the engine's default
+    /// unless given), as `index-bench --write-memory-mib`.
+    #[arg(long)]
+    write_memory_mib: Option<u64>,
     /// Only write the plan (`--plan-out`), measure nothing: the peers can
     /// then run the same rounds at the same time.
     #[arg(long, requires = "plan_out")]
@@ -264,6 +269,9 @@ pub(crate) fn run(a: Args) -> Result<()> {
     let mut opts = IndexOptions { build_threads: a.threads, reuse_retired: !a.no_reuse, ..IndexOptions::default() };
     if let Some(n) = a.batch_log_max_batches {
         opts.batch_log.max_batches = n;
+    }
+    if let Some(m) = a.write_memory_mib {
+        opts.write_memory_bytes = m << 20;
     }
     match a.batch_log_max_share {
         Some(r) if !(r.is_finite() && r >= 0.0) => bail!("--batch-log-max-share must be 0 or more, not {r}"),
@@ -489,6 +497,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         "fractions": {"upsert": a.upsert_frac, "delete": a.delete_frac, "insert": a.insert_frac},
         "vacuum_ratio": if vacuum { json!(opts.vacuum_ratio) } else { serde_json::Value::Null },
         "vacuum_step": a.vacuum_step,
+        "write_memory_bytes": opts.write_memory_bytes,
         "idle_fold_ratio": opts.idle_fold_ratio,
         "compact_free_ratio": opts.compact_free_ratio,
         "rounds": rounds,
