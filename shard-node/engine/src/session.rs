@@ -182,12 +182,7 @@ impl Session {
         // The walk ranked candidates by their codes; re-score the best ones
         // with the exact vectors, so results and distances are exact. Each
         // may be a page read on a cold cache: keep looking at `stop`.
-        // An ef at or above the live count asks for every point: re-score
-        // them all, so such a search is exact (4-bit codes rank low
-        // dimensions too coarsely for the best 2k to be sure to hold the
-        // true k).
-        let rescore = if ef >= self.state.live as usize { Rescore::All } else { rescore };
-        found.truncate(rescore.count(sp.k, found.len()));
+        found.truncate(rescore.count(sp.k, found.len(), ef >= self.state.live as usize));
         stop.check()?;
         let mut pacer = stop.pacer();
         for s in found.iter_mut() {

@@ -179,9 +179,14 @@ impl Rescore {
     /// neighbour must not hinge on a code-distance tie.
     const FLOOR: usize = 20;
 
-    /// How many of `found` candidates to re-score for a top-`k` search.
-    pub(crate) fn count(self, k: usize, found: usize) -> usize {
+    /// How many of `found` candidates to re-score for a top-`k` search;
+    /// all of them when the search asked for every live point
+    /// (`every_point`: its ef reaches the live count), so that such a
+    /// search is exact: 4-bit codes rank low dimensions too coarsely for
+    /// the best 2k by code to be sure to hold the true k.
+    pub(crate) fn count(self, k: usize, found: usize, every_point: bool) -> usize {
         match self {
+            _ if every_point => found,
             Rescore::All => found,
             Rescore::TopK(n) => k.saturating_mul(usize::from(n).max(1)).max(Self::FLOOR).min(found),
         }
