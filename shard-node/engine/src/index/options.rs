@@ -33,9 +33,12 @@ pub struct IndexOptions {
     /// batch into 1M points changes lists in nearly every bottom-layer
     /// block. Pages in use by LMDB's cursors and a value larger than the
     /// limit stay in memory. 0: no limit but LMDB's own (131,071 changed
-    /// pages or values, 512 MiB or more). Default 1 MiB, liblmdb's floor
-    /// of 256 pages: it measured no slower than 32 MiB and kept the most
-    /// memory flat (docs/scale.md, "A smaller write memory").
+    /// pages or values, 512 MiB or more); liblmdb raises anything under
+    /// 1 MiB (256 pages) to that. Default 4 MiB: builds measured the same
+    /// from 1 to 32 MiB, and the builder's memory as flat, but batches of
+    /// upserts and deletes over reused slots spill far more often than a
+    /// build's appends, and at 1 MiB they took 1.3x as long as at 4 or 32
+    /// (docs/engine.md, "The write memory under churn").
     pub write_memory_bytes: u64,
     /// New points take the ids (and so the vector, code and link slots) of
     /// points deleted or replaced by earlier batches, as hnswlib's
@@ -202,7 +205,7 @@ impl Default for IndexOptions {
             initial_map_size: 256 << 20,
             max_map_size: 1 << 40,
             durable: true,
-            write_memory_bytes: 1 << 20,
+            write_memory_bytes: 4 << 20,
             reuse_retired: true,
             vacuum_ratio: 0.05,
             compact_free_ratio: 0.2,
