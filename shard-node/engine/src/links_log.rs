@@ -16,8 +16,9 @@
 //! built in memory, one immutable version per log epoch, and shared by
 //! structure between versions (a new version copies only the chunks whose
 //! ids changed); a chunk holds only the ids that have a list in the log
-//! (`sparse_chunk`), so the index grows with the log, not the index. [`LogVersions`] pairs each read transaction with the
-//! version of the state it reads, by the epoch stored in that state.
+//! (`sparse_chunk`), so the index grows with the log, not the index.
+//! [`LogVersions`] pairs each read transaction with the version of the
+//! state it reads, by the epoch stored in that state.
 //!
 //! Entries name records, not addresses, so a version stays valid when the
 //! map is moved by a resize and can be made before its commit: each reader

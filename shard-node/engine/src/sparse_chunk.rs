@@ -7,7 +7,7 @@
 //! of a 1M-point index, in every chunk), so every chunk existed: 4 bytes
 //! per id of the whole index in each version, two versions while a batch
 //! writes, where the log holds only a few batches' lists. Here a chunk
-//! holds a bitmap of its ids and their values in id order: 160 bytes plus
+//! holds a bitmap of its ids and their values in id order: 184 bytes plus
 //! 4 per entry, so the index grows with the log, not with the index
 //! (`docs/scale.md`, "The link log's index by entries"). A lookup is a bit
 //! test and a rank (one popcount), on the path of every list a walk reads
