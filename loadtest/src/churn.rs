@@ -270,9 +270,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     if let Some(n) = a.batch_log_max_batches {
         opts.batch_log.max_batches = n;
     }
-    if let Some(m) = a.write_memory_mib {
-        opts.write_memory_bytes = m << 20;
-    }
+    opts.write_memory_bytes = crate::index_bench::write_memory_bytes(a.write_memory_mib)?;
     match a.batch_log_max_share {
         Some(r) if !(r.is_finite() && r >= 0.0) => bail!("--batch-log-max-share must be 0 or more, not {r}"),
         Some(r) => opts.batch_log.max_share = r,

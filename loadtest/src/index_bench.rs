@@ -126,6 +126,15 @@ pub(crate) struct Args {
     write_memory_mib: Option<u64>,
 }
 
+/// The write memory of `--write-memory-mib` in bytes (the engine's
+/// default without it); shared with `churn`.
+pub(crate) fn write_memory_bytes(mib: Option<u64>) -> Result<u64> {
+    match mib {
+        None => Ok(IndexOptions::default().write_memory_bytes),
+        Some(m) => m.checked_mul(1 << 20).ok_or_else(|| anyhow::anyhow!("--write-memory-mib {m} is more bytes than fit in 64 bits")),
+    }
+}
+
 /// The engine's batch log retention from the flags.
 fn batch_log(a: &Args) -> BatchLogRetention {
     let d = BatchLogRetention::default();
@@ -195,7 +204,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         link_log: link_log(&a),
         batch_log: batch_log(&a),
         warm_max_bytes: a.warm_max_bytes,
-        write_memory_bytes: a.write_memory_mib.map_or(IndexOptions::default().write_memory_bytes, |m| m << 20),
+        write_memory_bytes: write_memory_bytes(a.write_memory_mib)?,
         ..IndexOptions::default()
     };
     let root = match &a.dir {
@@ -394,4 +403,18 @@ fn idle_fold(idx: &Index) -> Result<serde_json::Value> {
     );
     Ok(json!({"lists": lists, "blocks": blocks, "steps": steps, "seconds": round(seconds, 3),
               "max_step_seconds": round(slowest, 3), "peak_rss_anon_bytes": peak}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_memory_flags_convert_to_bytes_or_fail_clearly() {
+        assert_eq!(write_memory_bytes(None).unwrap(), IndexOptions::default().write_memory_bytes);
+        assert_eq!(write_memory_bytes(Some(0)).unwrap(), 0);
+        assert_eq!(write_memory_bytes(Some(4)).unwrap(), 4 << 20);
+        let err = write_memory_bytes(Some(u64::MAX >> 10)).unwrap_err().to_string();
+        assert!(err.contains("--write-memory-mib"), "{err}");
+    }
 }
