@@ -93,6 +93,13 @@ pub(crate) struct Args {
     /// is then not its own, so no `peak_rss_anon_bytes` is given.
     #[arg(long)]
     incremental_interleave: bool,
+    /// Before the measured batches, fold each incremental index's link
+    /// log as a shard node does while its writer is idle
+    /// (`Index::fold_due`, one `fold_link_log_step` after another): the
+    /// state a shard is in when batches come after a pause. Without it
+    /// the batches find the log the build's last batches left.
+    #[arg(long)]
+    incremental_idle_fold: bool,
     /// Directory for the index environments (default: the system temp dir).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -312,6 +319,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
             batch_size: a.batch_size,
             reopen: a.reopen_before_insert,
             interleave: a.incremental_interleave,
+            idle_fold: a.incremental_idle_fold,
         })?
     };
 

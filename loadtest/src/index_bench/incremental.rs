@@ -34,6 +34,8 @@ pub(super) struct Plan<'a> {
     pub batch_size: usize,
     pub reopen: bool,
     pub interleave: bool,
+    /// Fold the link log as an idle shard node would before the batches.
+    pub idle_fold: bool,
 }
 
 /// One size's index and what its batches measured.
@@ -47,6 +49,8 @@ struct Sized {
     samples: Vec<f64>,
     /// Lists in the link log before the first batch and after each.
     log_lists: Vec<u64>,
+    /// What the idle fold before the batches did, if one was asked for.
+    idle_fold_before: serde_json::Value,
     /// Peak and starting RssAnon of its batches (one size at a time only).
     memory: Option<(u64, u64)>,
 }
@@ -115,8 +119,30 @@ fn build(p: &Plan<'_>, size: usize) -> Result<Sized> {
     } else {
         index
     };
+    let idle_fold_before = if p.idle_fold { fold_while_due(&index, size)? } else { serde_json::Value::Null };
     let log_lists = vec![index.stats()?.link_log_lists];
-    Ok(Sized { size, dir, index, build_seconds, built, samples: Vec::new(), log_lists, memory: None })
+    Ok(Sized { size, dir, index, build_seconds, built, samples: Vec::new(), log_lists, idle_fold_before, memory: None })
+}
+
+/// Folds the link log a step at a time for as long as the engine says a
+/// fold is due, as the shard node's writer does when idle
+/// (`shard-node/src/writer.rs`). Null if none was due.
+fn fold_while_due(index: &Index, size: usize) -> Result<serde_json::Value> {
+    let lists = index.stats()?.link_log_lists;
+    let started = Instant::now();
+    let (mut steps, mut blocks) = (0u64, 0u64);
+    while index.fold_due()? {
+        let step = index.fold_link_log_step()?;
+        steps += 1;
+        blocks += step.blocks;
+    }
+    if steps == 0 {
+        return Ok(serde_json::Value::Null);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let left = index.stats()?.link_log_lists;
+    eprintln!("{size}: idle fold of {lists} lists before the batches, {blocks} blocks in {steps} steps, {seconds:.2} s; {left} lists left");
+    Ok(json!({"lists": lists, "blocks": blocks, "steps": steps, "seconds": round(seconds, 3), "lists_left": left}))
 }
 
 /// Round `r`'s batch: the `added` base rows after the ones the index has.
@@ -159,7 +185,8 @@ fn finish(s: Sized, added: usize, first: Option<&[f64]>) -> Result<serde_json::V
                            "idle_fold": idle_fold, "build_seconds": round(s.build_seconds, 2),
                            "built_disk_bytes": s.built.disk_bytes,
                            "built_free_bytes": s.built.free_bytes, "built_table_bytes": tables,
-                           "interleaved": first.is_some()});
+                           "interleaved": first.is_some(),
+                           "idle_fold_before": s.idle_fold_before});
     if let Some((peak, before)) = s.memory {
         entry["peak_rss_anon_bytes"] = json!(peak);
         entry["rss_anon_before_bytes"] = json!(before);
@@ -258,6 +285,71 @@ mod tests {
         // Every index directory was removed after its entry was written.
         let left: Vec<_> = walk(dir.path()).into_iter().filter(|p| p.ends_with("data.mdb")).collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    /// With `--incremental-idle-fold` the batches find the link log the
+    /// build left folded away, as an idle shard node leaves it; without,
+    /// they find it as the build left it.
+    #[test]
+    fn an_idle_fold_before_the_batches_empties_the_log_the_build_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(10);
+        let (base, query) = (dir.path().join("base.fvecs"), dir.path().join("query.fvecs"));
+        write_fvecs(&base, 700, 8, &mut rng);
+        write_fvecs(&query, 5, 8, &mut rng);
+        let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        for fold in [false, true] {
+            let json = dir.path().join(format!("bench-{fold}.json"));
+            let mut argv: Vec<String> = [
+                "shoal-loadtest",
+                "index-bench",
+                "--base",
+                &s(&base),
+                "--query",
+                &s(&query),
+                "--limit",
+                "200",
+                "--queries",
+                "5",
+                "--ef",
+                "16",
+                "--batch-size",
+                "100",
+                // Every batch appends to the log and none folds it.
+                "--link-log",
+                "always",
+                "--log-fold-lists",
+                "1000000",
+                "--incremental-sizes",
+                "600",
+                "--incremental-batch",
+                "50",
+                "--dir",
+                &s(dir.path()),
+                "--json",
+                &s(&json),
+            ]
+            .map(String::from)
+            .to_vec();
+            if fold {
+                argv.push("--incremental-idle-fold".into());
+            }
+            let Command::IndexBench(args) = Cli::try_parse_from(argv).unwrap().command else { panic!("not index-bench") };
+            super::super::run(args).unwrap();
+            let out: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+            let e = &out["incremental"][0];
+            let before_batches = e["link_log_lists"][0].as_u64().unwrap();
+            let folded = &e["idle_fold_before"];
+            if fold {
+                assert_eq!(before_batches, 0, "{e}");
+                assert!(folded["lists"].as_u64().unwrap() > 0, "{folded}");
+                assert!(folded["blocks"].as_u64().unwrap() > 0, "{folded}");
+                assert_eq!(folded["lists_left"], 0, "{folded}");
+            } else {
+                assert!(before_batches > 0, "the build left no log to fold: {e}");
+                assert!(folded.is_null(), "{folded}");
+            }
+        }
     }
 
     fn walk(p: &std::path::Path) -> Vec<std::path::PathBuf> {
