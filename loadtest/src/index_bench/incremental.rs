@@ -293,50 +293,14 @@ mod tests {
     #[test]
     fn an_idle_fold_before_the_batches_empties_the_log_the_build_left() {
         let dir = tempfile::tempdir().unwrap();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(10);
-        let (base, query) = (dir.path().join("base.fvecs"), dir.path().join("query.fvecs"));
-        write_fvecs(&base, 700, 8, &mut rng);
-        write_fvecs(&query, 5, 8, &mut rng);
-        let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
         for fold in [false, true] {
-            let json = dir.path().join(format!("bench-{fold}.json"));
-            let mut argv: Vec<String> = [
-                "shoal-loadtest",
-                "index-bench",
-                "--base",
-                &s(&base),
-                "--query",
-                &s(&query),
-                "--limit",
-                "200",
-                "--queries",
-                "5",
-                "--ef",
-                "16",
-                "--batch-size",
-                "100",
-                // Every batch appends to the log and none folds it.
-                "--link-log",
-                "always",
-                "--log-fold-lists",
-                "1000000",
-                "--incremental-sizes",
-                "600",
-                "--incremental-batch",
-                "50",
-                "--dir",
-                &s(dir.path()),
-                "--json",
-                &s(&json),
-            ]
-            .map(String::from)
-            .to_vec();
+            // Every batch appends to the log and none folds it.
+            let mut flags =
+                vec!["--link-log", "always", "--log-fold-lists", "1000000", "--incremental-sizes", "600", "--incremental-batch", "50"];
             if fold {
-                argv.push("--incremental-idle-fold".into());
+                flags.push("--incremental-idle-fold");
             }
-            let Command::IndexBench(args) = Cli::try_parse_from(argv).unwrap().command else { panic!("not index-bench") };
-            super::super::run(args).unwrap();
-            let out: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+            let out = index_bench(dir.path(), 700, &format!("bench-{fold}"), &flags);
             let e = &out["incremental"][0];
             let before_batches = e["link_log_lists"][0].as_u64().unwrap();
             let folded = &e["idle_fold_before"];
