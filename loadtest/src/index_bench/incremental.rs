@@ -213,54 +213,39 @@ mod tests {
     use crate::test_files::write_fvecs;
     use crate::{Cli, Command};
 
-    /// `index-bench` as a person types it, both orders: each size gets
-    /// every round's batch (its index grows by them), interleaved entries
-    /// carry the per-round ratios to the first size and no memory figure
-    /// of their own, and a size the base file cannot feed is skipped.
+    /// Runs `index-bench` as a person types it on `rows` random 8-d rows
+    /// (a 200-point build in 100-point batches, 5 queries at ef 16) with
+    /// `extra` flags, and returns its JSON.
+    fn index_bench(dir: &std::path::Path, rows: usize, name: &str, extra: &[&str]) -> serde_json::Value {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let (base, query, json) = (dir.join("base.fvecs"), dir.join("query.fvecs"), dir.join(format!("{name}.json")));
+        write_fvecs(&base, rows, 8, &mut rng);
+        write_fvecs(&query, 5, 8, &mut rng);
+        let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        let mut argv: Vec<String> = ["shoal-loadtest", "index-bench", "--base", &s(&base), "--query", &s(&query)]
+            .into_iter()
+            .chain(["--limit", "200", "--queries", "5", "--ef", "16", "--batch-size", "100", "--dir", &s(dir), "--json", &s(&json)])
+            .map(String::from)
+            .collect();
+        argv.extend(extra.iter().map(|a| a.to_string()));
+        let Command::IndexBench(args) = Cli::try_parse_from(argv).unwrap().command else { panic!("not index-bench") };
+        super::super::run(args).unwrap();
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+    }
+
+    /// Both orders: each size gets every round's batch (its index grows
+    /// by them), interleaved entries carry the per-round ratios to the
+    /// first size and no memory figure of their own, and a size the base
+    /// file cannot feed is skipped.
     #[test]
     fn incremental_batches_go_to_every_size_in_both_orders() {
         let dir = tempfile::tempdir().unwrap();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-        let (base, query) = (dir.path().join("base.fvecs"), dir.path().join("query.fvecs"));
-        write_fvecs(&base, 1_000, 8, &mut rng);
-        write_fvecs(&query, 5, 8, &mut rng);
-        let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
         for interleave in [false, true] {
-            let json = dir.path().join(format!("bench-{interleave}.json"));
-            let mut argv: Vec<String> = [
-                "shoal-loadtest",
-                "index-bench",
-                "--base",
-                &s(&base),
-                "--query",
-                &s(&query),
-                "--limit",
-                "200",
-                "--queries",
-                "5",
-                "--ef",
-                "16",
-                "--batch-size",
-                "100",
-                "--incremental-sizes",
-                "200,600,900",
-                "--incremental-batch",
-                "50",
-                "--incremental-repeats",
-                "3",
-                "--dir",
-                &s(dir.path()),
-                "--json",
-                &s(&json),
-            ]
-            .map(String::from)
-            .to_vec();
+            let mut flags = vec!["--incremental-sizes", "200,600,900", "--incremental-batch", "50", "--incremental-repeats", "3"];
             if interleave {
-                argv.push("--incremental-interleave".into());
+                flags.push("--incremental-interleave");
             }
-            let Command::IndexBench(args) = Cli::try_parse_from(argv).unwrap().command else { panic!("not index-bench") };
-            super::super::run(args).unwrap();
-            let out: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+            let out = index_bench(dir.path(), 1_000, &format!("bench-{interleave}"), &flags);
             let inc = out["incremental"].as_array().unwrap();
             // 900 + 3 x 50 rows are more than the file has.
             assert_eq!(inc.iter().map(|e| e["base"].as_u64().unwrap()).collect::<Vec<_>>(), [200, 600], "{interleave}");
