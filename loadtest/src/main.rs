@@ -20,6 +20,7 @@ mod snapshot_bench;
 mod synth;
 #[cfg(test)]
 mod test_files;
+mod trace_breakdown;
 mod written;
 
 use clap::{Parser, Subcommand};

@@ -190,6 +190,9 @@ pub(crate) fn decode_links(bytes: &[u8], out: &mut Vec<u32>) -> bool {
 /// 8: vectors in blocks ([`vectors_block_nodes`]).
 /// 9: codes of 4-bit levels: the high plane of format 8's codes, without
 ///    the low one (`quant`).
+///
+/// 10 is taken by the unmerged `three-line-codes` layout (docs/scale.md):
+/// the next format is 11, so that its files are never misread.
 pub(crate) const FORMAT_VERSION: u32 = 9;
 
 /// Meta key of the parameters.
