@@ -8,7 +8,9 @@
 # Usage: loadtest/tail-hops.sh [OUT_DIR]   (default bench-out/tail-hops)
 #   RATE (500) queries/s for SECONDS (20), at EF (48), SHARDS (3),
 #   SAMPLING (1.0: every trace), SLOW_MS (10), WORKERS (1) as in
-#   cluster-figures.sh.
+#   cluster-figures.sh; NOISE (1): run `host-noise --busy-ms 1` beside the
+#   queries and line the slow traces up with the host's slow episodes
+#   ("The host's slow episodes"; 0: without it).
 # Needs: cargo build --release -p loadtest -p shoal-shard-node -p shoal-coordinator
 #        ../shared/datasets/pypi/make.sh
 set -euo pipefail
@@ -24,16 +26,21 @@ shards=${SHARDS:-3}
 sampling=${SAMPLING:-1.0}
 slow_ms=${SLOW_MS:-10}
 workers=${WORKERS:-1}
+noise=${NOISE:-1}
 if ((workers > 0)); then export TOKIO_WORKER_THREADS=$workers; fi
 mkdir -p "$out"
 data=$(mktemp -d)
 pids=()
 sink=
+probe=
 . loadtest/lib.sh # after the cd above: wait_port, stop_cluster
-trap 'stop_cluster; [[ -n $sink ]] && kill "$sink" 2>/dev/null; rm -rf "$data"' EXIT
+trap 'stop_cluster; for p in $sink $probe; do kill "$p" 2>/dev/null; done; rm -rf "$data"' EXIT
 
+noise_args=()
+rm -f "$out/host-noise.json"
+if ((noise)); then noise_args=(--host-noise "$out/host-noise.json"); fi
 "$lt" otlp-sink --listen 127.0.0.1:4317 --report "$out/report.json" --slow-ms "$slow_ms" \
-  --root-contains Search >"$out/otlp-sink.log" 2>&1 &
+  --root-contains Search "${noise_args[@]}" >"$out/otlp-sink.log" 2>&1 &
 sink=$!
 wait_port 4317
 otel=(OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 OTEL_METRICS_EXPORTER=none
@@ -53,10 +60,21 @@ wait_port 7800
 sleep 1
 "$lt" ingest --coordinator http://127.0.0.1:7800 --collection pypi --create --shards "$shards" \
   --base "$ds/base.fvecs" --streams 3 --batch 1000 --no-progress --json "$out/ingest.json" | grep -E 'vectors/s'
+if ((noise)); then
+  # 1 ms of every 10 on each vCPU, counted per CPU time the probe got,
+  # at real-time priority so that a busy cluster does not blind it.
+  "$lt" host-noise --seconds "$((seconds + 1))" --busy-ms 1 --realtime --json "$out/host-noise.json" >"$out/host-noise.log" 2>&1 &
+  probe=$!
+fi
 "$lt" query --coordinator http://127.0.0.1:7800 --collection pypi --preload 0 \
   --query "$ds/query.fvecs" --groundtruth "$ds/groundtruth.ivecs" --k 10 --no-progress \
   --rate "$rate" --max-in-flight 1024 --ef "$ef" --duration "${seconds}s" --timeout-ms 2000 \
   --json "$out/query.json" | grep -E 'ok/s|p99'
+if [[ -n $probe ]]; then
+  wait "$probe"
+  probe=
+  cat "$out/host-noise.log"
+fi
 # The processes flush their spans when they stop; then the sink reports.
 stop_cluster
 kill -INT "$sink"

@@ -10,6 +10,7 @@ mod disk_compare;
 use shoal_ops::vectors::fvecs;
 mod groundtruth;
 mod hardening;
+mod host_noise;
 mod index_bench;
 mod load;
 mod memory;
@@ -72,6 +73,10 @@ enum Command {
     /// An OTLP/gRPC collector that only counts what it receives (to
     /// measure the cost of exporting telemetry).
     OtlpSink(otlp_sink::Args),
+    /// How steady the CPUs are: each spins on fixed work, counted per
+    /// 10 ms window; finds the episodes where a shared host slows them
+    /// all (run beside tail-latency measurements).
+    HostNoise(host_noise::Args),
     /// Mount a FUSE passthrough that adds latency to every read (a
     /// simulated network disk).
     Slowfs(slowfs::Args),
@@ -104,6 +109,7 @@ fn main() -> anyhow::Result<()> {
         Command::Synth(a) => synth::run(a),
         Command::Hardening(a) => hardening::run(a),
         Command::OtlpSink(a) => otlp_sink::run(a),
+        Command::HostNoise(a) => host_noise::run(a),
         Command::Ingest(a) => load::ingest::run(a),
         Command::Query(a) => load::query::run(a),
         Command::Mixed(a) => load::mixed::run(a),

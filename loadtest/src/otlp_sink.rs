@@ -18,7 +18,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest
 use opentelemetry_proto::tonic::common::v1::any_value;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
-use crate::trace_breakdown::{SpanRec, Wanted, breakdown};
+use crate::host_noise;
+use crate::trace_breakdown::{SpanRec, Wanted, breakdown, near_host};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -46,6 +47,10 @@ pub(crate) struct Args {
     /// Slow traces written whole into the report, slowest first.
     #[arg(long, default_value_t = 20)]
     examples: usize,
+    /// A `host-noise --json` file of the same run: the report says how
+    /// the slow traces lie against the host's slow episodes.
+    #[arg(long)]
+    host_noise: Option<PathBuf>,
 }
 
 #[derive(Default)]
@@ -167,7 +172,24 @@ pub(crate) fn run(a: Args) -> Result<()> {
         report(&sink.0);
         if let (Some(path), Some(kept)) = (&a.report, kept) {
             let spans = std::mem::take(&mut *kept.spans.lock());
-            let r = breakdown(&spans, &Wanted { root_contains: &a.root_contains, slow_ms: a.slow_ms, examples: a.examples });
+            let mut r = breakdown(&spans, &Wanted { root_contains: &a.root_contains, slow_ms: a.slow_ms, examples: a.examples });
+            if let Some(noise) = &a.host_noise {
+                let n: host_noise::Report = serde_json::from_slice(&std::fs::read(noise)?)
+                    .map_err(|e| anyhow::anyhow!("{}: not a host-noise report: {e}", noise.display()))?;
+                let ns = |at_s: f64| n.started_unix_ms * 1_000_000 + (at_s * 1e9) as u64;
+                let episodes: Vec<(u64, u64)> = n.episodes.iter().map(|e| (ns(e.at_s), ns(e.at_s + e.ms / 1000.0))).collect();
+                let h = near_host(&r, &episodes, 20.0, 20.0);
+                println!(
+                    "host episodes >= 20 ms: {}, {:.1}% of the time within 20 ms of one; slow traces there: {:.1}%, all traces: {:.1}%; root p99 {:.2} ms, away from them {:.2} ms",
+                    h.episodes,
+                    h.time_share * 100.0,
+                    h.slow_share * 100.0,
+                    h.all_share * 100.0,
+                    h.p99_all_ms,
+                    h.p99_away_ms
+                );
+                r.host = Some(h);
+            }
             println!(
                 "traces {} ({} slow, >= {} ms; {} skipped; {} spans not kept); slow traces' largest part: {:?}",
                 r.all.traces,
@@ -178,6 +200,12 @@ pub(crate) fn run(a: Args) -> Result<()> {
                 r.slow.largest
             );
             println!("mean parts, all: {:?}\nmean parts, slow: {:?}", r.all.mean_parts, r.slow.mean_parts);
+            println!(
+                "overlapping other roots ({} of them): {} of all, {} of slow traces",
+                r.background.len(),
+                r.overlapping.all,
+                r.overlapping.slow
+            );
             std::fs::write(path, serde_json::to_vec_pretty(&r)?)?;
         }
         Ok(())

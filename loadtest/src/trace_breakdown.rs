@@ -54,6 +54,10 @@ impl Parts {
         [self.before, self.out, self.remote, self.back, self.after]
     }
 
+    fn values_mut(&mut self) -> [&mut f64; 5] {
+        [&mut self.before, &mut self.out, &mut self.remote, &mut self.back, &mut self.after]
+    }
+
     fn largest(&self) -> &'static str {
         let v = self.values();
         let i = (0..5).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap_or(0);
@@ -87,20 +91,16 @@ impl Summary {
     fn add(&mut self, root_ms: f64, parts: &Parts) {
         self.traces += 1;
         self.mean_root_ms += root_ms;
-        let m = &mut self.mean_parts;
-        m.before += parts.before;
-        m.out += parts.out;
-        m.remote += parts.remote;
-        m.back += parts.back;
-        m.after += parts.after;
+        for (sum, x) in self.mean_parts.values_mut().into_iter().zip(parts.values()) {
+            *sum += x;
+        }
         *self.largest.entry(parts.largest()).or_default() += 1;
     }
 
     fn finish(&mut self) {
         let n = self.traces.max(1) as f64;
         self.mean_root_ms /= n;
-        let m = &mut self.mean_parts;
-        for x in [&mut m.before, &mut m.out, &mut m.remote, &mut m.back, &mut m.after] {
+        for x in self.mean_parts.values_mut() {
             *x /= n;
         }
     }
@@ -110,6 +110,10 @@ impl Summary {
 #[derive(Debug, Serialize)]
 pub(crate) struct Report {
     pub(crate) slow_ms: f64,
+    /// When the first cut trace started, nanoseconds since the Unix
+    /// epoch: the origin of the times below, to line them up with a
+    /// `perf record -k CLOCK_REALTIME` of the same run.
+    pub(crate) first_start_unix_ns: u64,
     /// Traces whose root and at least one remote call arrived.
     pub(crate) all: Summary,
     /// Those whose root took at least `slow_ms`.
@@ -125,8 +129,58 @@ pub(crate) struct Report {
     /// When every cut trace's root started, the same way, by start:
     /// whether requests reach the root's process evenly.
     pub(crate) starts: Vec<f64>,
+    /// Their roots' ms, in the same order.
+    #[serde(skip)]
+    pub(crate) root_ms: Vec<f64>,
+    /// The other traces' roots (a shard's idle fold or compaction, an
+    /// ingest batch), by start: what else ran while the slow ones waited.
+    pub(crate) background: Vec<Background>,
+    /// How many cut traces, all and slow, overlapped a background root in
+    /// time: if the slow ones do far more often, that work holds the tail.
+    pub(crate) overlapping: Overlapping,
     /// The slowest traces, slowest first (at most `examples`).
     pub(crate) examples: Vec<SlowTrace>,
+    /// How the traces lie against the host's slow episodes, when the sink
+    /// was given them (`--host-noise`).
+    pub(crate) host: Option<NearHost>,
+}
+
+/// See [`near_host`].
+#[derive(Debug, PartialEq, Serialize)]
+pub(crate) struct NearHost {
+    /// Episodes at least `min_ms` long that the traces' time span meets.
+    pub(crate) episodes: usize,
+    pub(crate) min_ms: f64,
+    /// The share of the traces' time span within `pad_ms` of one.
+    pub(crate) time_share: f64,
+    pub(crate) pad_ms: f64,
+    /// The share of the slow traces that ran within `pad_ms` of one, and
+    /// of all traces that did: if slow traces meet episodes far
+    /// more often than time does, the host's episodes hold the tail.
+    pub(crate) slow_share: f64,
+    pub(crate) all_share: f64,
+    /// The roots' p99 over all traces, and over those that ran away from
+    /// every episode: the tail the cluster would have on a quiet host.
+    pub(crate) p99_all_ms: f64,
+    pub(crate) p99_away_ms: f64,
+}
+
+/// One root of another trace.
+#[derive(Debug, PartialEq, Serialize)]
+pub(crate) struct Background {
+    pub(crate) service: String,
+    pub(crate) name: String,
+    /// Seconds after the report's first cut trace started (negative:
+    /// before it).
+    pub(crate) at: f64,
+    pub(crate) ms: f64,
+}
+
+/// See [`Report::overlapping`].
+#[derive(Debug, Default, PartialEq, Serialize)]
+pub(crate) struct Overlapping {
+    pub(crate) all: usize,
+    pub(crate) slow: usize,
 }
 
 /// Which traces to cut and how many to keep whole.
@@ -151,10 +205,13 @@ pub(crate) fn breakdown(spans: &[SpanRec], wanted: &Wanted<'_>) -> Report {
     let mut worst: Vec<(f64, SlowTrace)> = Vec::new();
     let mut slow_at: Vec<(u64, f64)> = Vec::new();
     let mut first_start = u64::MAX;
-    let mut starts: Vec<u64> = Vec::new();
+    let mut starts: Vec<(u64, f64)> = Vec::new();
+    let mut background: Vec<&SpanRec> = Vec::new();
+    let mut cut_roots: Vec<(&SpanRec, bool)> = Vec::new();
     for (trace, spans) in &traces {
-        if spans.iter().any(|s| s.parent == [0; 8] && !s.name.contains(root_contains)) {
+        if let Some(root) = spans.iter().find(|s| s.parent == [0; 8] && !s.name.contains(root_contains)) {
             other += 1;
+            background.push(root);
             continue;
         }
         let Some((root, parts, callee)) = cut(spans) else {
@@ -164,7 +221,8 @@ pub(crate) fn breakdown(spans: &[SpanRec], wanted: &Wanted<'_>) -> Report {
         let root_ms = root.ms();
         all.add(root_ms, &parts);
         first_start = first_start.min(root.start_ns);
-        starts.push(root.start_ns);
+        starts.push((root.start_ns, root_ms));
+        cut_roots.push((root, root_ms >= slow_ms));
         if root_ms < slow_ms {
             continue;
         }
@@ -183,10 +241,96 @@ pub(crate) fn breakdown(spans: &[SpanRec], wanted: &Wanted<'_>) -> Report {
     worst.sort_by(|a, b| b.0.total_cmp(&a.0));
     worst.truncate(examples);
     slow_at.sort_by_key(|&(start, _)| start);
-    starts.sort_unstable();
-    let starts = starts.into_iter().map(|start| (start - first_start) as f64 / 1e9).collect();
+    starts.sort_by_key(|&(start, _)| start);
+    let (starts, root_ms) = starts.into_iter().map(|(start, ms)| ((start - first_start) as f64 / 1e9, ms)).unzip();
     let slow_at = slow_at.into_iter().map(|(start, ms)| (start.saturating_sub(first_start) as f64 / 1e9, ms)).collect();
-    Report { slow_ms, all, slow, skipped, other, slow_at, starts, examples: worst.into_iter().map(|(_, t)| t).collect() }
+    background.sort_by_key(|s| s.start_ns);
+    let overlapping = overlapping(&cut_roots, &background);
+    let background = background
+        .into_iter()
+        .map(|s| Background {
+            service: s.service.to_string(),
+            name: s.name.clone(),
+            at: (s.start_ns as f64 - first_start as f64) / 1e9,
+            ms: s.ms(),
+        })
+        .collect();
+    let examples = worst.into_iter().map(|(_, t)| t).collect();
+    Report {
+        host: None,
+        slow_ms,
+        first_start_unix_ns: if first_start == u64::MAX { 0 } else { first_start },
+        all,
+        slow,
+        skipped,
+        other,
+        slow_at,
+        starts,
+        root_ms,
+        background,
+        overlapping,
+        examples,
+    }
+}
+
+/// Lines the report's traces up with the host's slow episodes
+/// (`host_noise`: `(start, end)` in ns since the Unix epoch) of at least
+/// `min_ms`, each widened by `pad_ms` on both sides.
+pub(crate) fn near_host(r: &Report, episodes: &[(u64, u64)], min_ms: f64, pad_ms: f64) -> NearHost {
+    let base = r.first_start_unix_ns as f64 / 1e9;
+    let pad = pad_ms / 1000.0;
+    let eps: Vec<(f64, f64)> = episodes
+        .iter()
+        .filter(|(s, e)| (e.saturating_sub(*s)) as f64 / 1e6 >= min_ms)
+        .map(|&(s, e)| (s as f64 / 1e9 - base - pad, e as f64 / 1e9 - base + pad))
+        .collect();
+    let meets = |a: f64, b: f64| eps.iter().any(|&(s, e)| s < b && a < e);
+    let share = |n: usize, of: usize| if of == 0 { 0.0 } else { n as f64 / of as f64 };
+    let slow = r.slow_at.iter().filter(|&&(at, ms)| meets(at, at + ms / 1000.0)).count();
+    let near: Vec<bool> = r.starts.iter().zip(&r.root_ms).map(|(&at, &ms)| meets(at, at + ms / 1000.0)).collect();
+    let all = near.iter().filter(|&&n| n).count();
+    let away: Vec<f64> = r.root_ms.iter().zip(&near).filter(|(_, n)| !**n).map(|(ms, _)| *ms).collect();
+    let (lo, hi) = (r.starts.first().copied().unwrap_or(0.0), r.starts.last().copied().unwrap_or(0.0));
+    let inside: Vec<(f64, f64)> = eps.iter().map(|&(s, e)| (s.max(lo), e.min(hi))).filter(|(s, e)| s < e).collect();
+    // Merged, so that overlapping widened episodes count once.
+    let mut covered = 0.0;
+    let mut reach = f64::NEG_INFINITY;
+    for (s, e) in inside {
+        covered += (e - s.max(reach)).max(0.0);
+        reach = reach.max(e);
+    }
+    NearHost {
+        episodes: eps.iter().filter(|&&(s, e)| s < hi && e > lo).count(),
+        min_ms,
+        time_share: if hi > lo { covered / (hi - lo) } else { 0.0 },
+        pad_ms,
+        slow_share: share(slow, r.slow_at.len()),
+        all_share: share(all, r.starts.len()),
+        p99_all_ms: p99(&r.root_ms),
+        p99_away_ms: p99(&away),
+    }
+}
+
+fn p99(ms: &[f64]) -> f64 {
+    let mut s = ms.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() { 0.0 } else { s[((s.len() - 1) as f64 * 0.99).round() as usize] }
+}
+
+/// Counts the cut roots (flagged slow or not) that overlap a background
+/// root, which are sorted by start.
+fn overlapping(cut_roots: &[(&SpanRec, bool)], background: &[&SpanRec]) -> Overlapping {
+    let mut o = Overlapping::default();
+    for (root, is_slow) in cut_roots {
+        // Background roots that started before this root ended; one of
+        // them overlaps if it ends after the root started.
+        let started = background.partition_point(|b| b.start_ns < root.end_ns);
+        if background[..started].iter().any(|b| b.end_ns > root.start_ns) {
+            o.all += 1;
+            o.slow += usize::from(*is_slow);
+        }
+    }
+    o
 }
 
 /// A trace's root, its five parts and the slowest call's callee span.
@@ -265,5 +409,49 @@ mod tests {
         assert!((r.all.mean_root_ms - 11.0).abs() < 1e-9);
         assert_eq!(r.slow_at, vec![(0.0, 20.0)]);
         assert_eq!(r.starts, vec![0.0, 0.0]);
+        // The ingest overlaps both cut traces, the slow one among them.
+        assert_eq!(r.background, vec![Background { service: "coordinator".into(), name: "ingest".into(), at: 0.0, ms: 90.0 }]);
+        assert_eq!(r.overlapping, Overlapping { all: 2, slow: 1 });
+    }
+
+    /// The slow trace meets the host's episode, and so does a fast one
+    /// inside it; the later one does not.
+    #[test]
+    fn traces_are_lined_up_with_the_hosts_episodes() {
+        let mut spans = Vec::new();
+        for (t, start, end) in [(1u8, 0u64, 20_000u64), (2, 10_000, 12_000), (3, 500_000, 501_000)] {
+            spans.push(span(t, 1, 0, "coordinator", "rpc", start, end));
+            spans.push(span(t, 3, 1, "coordinator", "shard", start + 100, end - 100));
+            spans.push(span(t, 5, 3, "shard-0", "rpc", start + 200, end - 200));
+        }
+        let r = breakdown(&spans, &Wanted { root_contains: "rpc", slow_ms: 10.0, examples: 0 });
+        let base = r.first_start_unix_ns;
+        let ms = |m: u64| base + m * 1_000_000;
+        // 30 ms from 5 ms in; one of 5 ms, too short to count.
+        let h = near_host(&r, &[(ms(5), ms(35)), (ms(300), ms(305))], 20.0, 0.0);
+        assert_eq!((h.episodes, h.slow_share, h.all_share), (1, 1.0, 2.0 / 3.0));
+        // The slowest ran into the episode; away from it, 1 ms.
+        assert_eq!((h.p99_all_ms, h.p99_away_ms), (20.0, 1.0));
+        assert!((h.time_share - 30.0 / 500.0).abs() < 1e-9, "{}", h.time_share);
+    }
+
+    /// Only background work that ran while a request did counts.
+    #[test]
+    fn overlap_is_counted_in_time() {
+        let spans = vec![
+            span(1, 1, 0, "coordinator", "rpc", 0, 20_000),
+            span(1, 3, 1, "coordinator", "shard", 100, 19_000),
+            span(1, 5, 3, "shard-0", "rpc", 12_000, 13_000),
+            span(2, 1, 0, "coordinator", "rpc", 50_000, 51_000),
+            span(2, 3, 1, "coordinator", "shard", 50_100, 50_900),
+            span(2, 5, 3, "shard-0", "rpc", 50_300, 50_500),
+            // Before the first, overlapping it; then between the two.
+            span(7, 1, 0, "shard-0", "fold_link_log_step", 0, 5_000),
+            span(8, 1, 0, "shard-1", "compact", 30_000, 40_000),
+        ];
+        let r = breakdown(&spans, &Wanted { root_contains: "rpc", slow_ms: 10.0, examples: 5 });
+        assert_eq!(r.overlapping, Overlapping { all: 1, slow: 1 });
+        let names: Vec<_> = r.background.iter().map(|b| (b.name.as_str(), b.at)).collect();
+        assert_eq!(names, vec![("fold_link_log_step", 0.0), ("compact", 0.03)]);
     }
 }

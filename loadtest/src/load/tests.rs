@@ -26,6 +26,7 @@ async fn run(args: &[&str]) -> anyhow::Result<Report> {
         | Command::Synth(_)
         | Command::Hardening(_)
         | Command::OtlpSink(_)
+        | Command::HostNoise(_)
         | Command::Slowfs(_)
         | Command::Chaos(_)
         | Command::Churn(_)
