@@ -43,7 +43,7 @@ data=$(mktemp -d)
 pids=()
 log() { printf '== %s\n' "$*" >&2; }
 
-. loadtest/lib.sh # after the cd above: wait_port, stop_cluster
+. loadtest/lib.sh # after the cd above: wait_port, stop_cluster, cpu_ticks
 trap 'stop_cluster; rm -rf "$data"' EXIT
 
 
@@ -138,19 +138,6 @@ telemetry_run() { # telemetry_run NAME ROUND: one configuration's closed loop
   after=$(cpu_ticks "${pids[@]}")
   echo $((after - before)) >"$out/telemetry-$1-$2.cpu"
   stop_cluster
-}
-# cpu_ticks PID...: user + system clock ticks the processes have used.
-# The cluster's CPU per query is a steadier measure of what telemetry
-# costs than queries/s on a shared machine, where other tenants move the
-# throughput by more than the effect (docs/loadtest.md).
-cpu_ticks() {
-  local p t=0 f
-  for p in "$@"; do
-    read -ra f <"/proc/$p/stat"
-    # Fields 14 and 15 (utime, stime); the name in field 2 has no spaces here.
-    t=$((t + f[13] + f[14]))
-  done
-  echo "$t"
 }
 # The order turns every round, so that no configuration always runs first
 # or last after a restart.

@@ -19,3 +19,17 @@ stop_cluster() {
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   pids=()
 }
+
+# cpu_ticks PID...: user + system clock ticks the processes have used.
+# The cluster's CPU per query is a steadier measure of what a change
+# costs than queries/s on a shared machine, where other tenants move the
+# throughput by more than the effect (docs/loadtest.md).
+cpu_ticks() {
+  local p t=0 f
+  for p in "$@"; do
+    read -ra f <"/proc/$p/stat"
+    # Fields 14 and 15 (utime, stime); the name in field 2 has no spaces here.
+    t=$((t + f[13] + f[14]))
+  done
+  echo "$t"
+}

@@ -33,7 +33,7 @@ data=$(mktemp -d)
 pids=()
 sink=
 probe=
-. loadtest/lib.sh # after the cd above: wait_port, stop_cluster
+. loadtest/lib.sh # after the cd above: wait_port, stop_cluster, cpu_ticks
 trap 'stop_cluster; for p in $sink $probe; do kill "$p" 2>/dev/null; done; rm -rf "$data"' EXIT
 
 noise_args=()
@@ -66,10 +66,16 @@ if ((noise)); then
   "$lt" host-noise --seconds "$((seconds + 1))" --busy-ms 1 --realtime --json "$out/host-noise.json" >"$out/host-noise.log" 2>&1 &
   probe=$!
 fi
+before=$(cpu_ticks "${pids[@]}")
 "$lt" query --coordinator http://127.0.0.1:7800 --collection pypi --preload 0 \
   --query "$ds/query.fvecs" --groundtruth "$ds/groundtruth.ivecs" --k 10 --no-progress \
   --rate "$rate" --max-in-flight 1024 --ef "$ef" --duration "${seconds}s" --timeout-ms 2000 \
   --json "$out/query.json" | grep -E 'ok/s|p99'
+after=$(cpu_ticks "${pids[@]}")
+# The cluster's CPU per search: what it has to catch up on after the host
+# slows it (clock ticks are 10 ms; thousands of them over a run).
+ticks_per_s=$(getconf CLK_TCK)
+echo "cluster CPU: $(((after - before) * 1000000 / ticks_per_s / (rate * seconds))) us per search" | tee "$out/cpu.txt"
 if [[ -n $probe ]]; then
   wait "$probe"
   probe=
