@@ -111,8 +111,9 @@ impl Summary {
 pub(crate) struct Report {
     pub(crate) slow_ms: f64,
     /// When the first cut trace started, nanoseconds since the Unix
-    /// epoch: the origin of the times below, to line them up with a
-    /// `perf record -k CLOCK_REALTIME` of the same run.
+    /// epoch: the origin of the times below, to line them up with other
+    /// records of the same run (`host-noise`; `perf` after adding the
+    /// offset between its clock and the real-time one).
     pub(crate) first_start_unix_ns: u64,
     /// Traces whose root and at least one remote call arrived.
     pub(crate) all: Summary,
