@@ -8,7 +8,7 @@
 # Usage: loadtest/tail-hops.sh [OUT_DIR]   (default bench-out/tail-hops)
 #   RATE (500) queries/s for SECONDS (20), at EF (48), SHARDS (3),
 #   SAMPLING (1.0: every trace), SLOW_MS (10), WORKERS (1) as in
-#   cluster-figures.sh; NOISE (1): run `host-noise --busy-ms 1` beside the
+#   cluster-figures.sh; NOISE (1): run `host-noise --busy-ms 1 --realtime` beside the
 #   queries and line the slow traces up with the host's slow episodes
 #   ("The host's slow episodes"; 0: without it).
 # Needs: cargo build --release -p loadtest -p shoal-shard-node -p shoal-coordinator
@@ -73,7 +73,7 @@ before=$(cpu_ticks "${pids[@]}")
   --json "$out/query.json" | grep -E 'ok/s|p99'
 after=$(cpu_ticks "${pids[@]}")
 # The cluster's CPU per search: what it has to catch up on after the host
-# slows it (clock ticks are 10 ms; thousands of them over a run).
+# slows it (in clock ticks, CLK_TCK a second: thousands over a run).
 ticks_per_s=$(getconf CLK_TCK)
 echo "cluster CPU: $(((after - before) * 1000000 / ticks_per_s / (rate * seconds))) us per search" | tee "$out/cpu.txt"
 if [[ -n $probe ]]; then

@@ -91,7 +91,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.seconds > 0.0 && a.window_ms > 0, "--seconds and --window-ms must be positive");
     anyhow::ensure!(a.slow_below > 0.0 && a.slow_below < 1.0, "--slow-below must be between 0 and 1");
     anyhow::ensure!(a.busy_ms < a.window_ms, "--busy-ms must be shorter than --window-ms");
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let allowed = allowed_cpus();
     let window = Duration::from_millis(a.window_ms);
     let windows = ((a.seconds * 1000.0) / a.window_ms as f64).ceil() as usize;
     // Every thread starts its windows at the same instant, so window i is
@@ -100,8 +100,9 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     let busy = (a.busy_ms > 0).then(|| Duration::from_millis(a.busy_ms));
     let realtime = a.realtime;
     let counts: Vec<Vec<u64>> = std::thread::scope(|s| {
-        let spinners: Vec<_> = (0..cpus)
-            .map(|cpu| {
+        let spinners: Vec<_> = allowed
+            .iter()
+            .map(|&cpu| {
                 s.spawn(move || {
                     pin(cpu);
                     if realtime && let Err(e) = fifo() {
@@ -136,6 +137,24 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_vec_pretty(&r)?)?;
     }
     Ok(())
+}
+
+/// The CPUs this process may run on (a container's cpuset need not start
+/// at 0); every CPU the machine reports if the kernel will not say.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set, which
+    // sched_getaffinity fills within the size it is given; CPU_ISSET reads
+    // inside it for ids below CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+            let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+            if !cpus.is_empty() {
+                return cpus;
+            }
+        }
+    }
+    (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
 }
 
 /// Pins the calling thread to `cpu` (best effort: without it the counts
@@ -310,6 +329,22 @@ mod tests {
         assert_eq!((r.median_episode_ms, r.max_episode_ms), (Some(30.0), Some(30.0)));
         assert!((r.slow_share - 5.0 / 40.0).abs() < 1e-12);
         assert_eq!((r.capacity_p50, r.capacity_p1), (1.0, 0.15));
+    }
+
+    /// The probe spins on CPUs this process may use: as many as the
+    /// affinity mask holds, each one in it.
+    #[test]
+    fn it_spins_on_the_cpus_it_is_allowed() {
+        let cpus = allowed_cpus();
+        assert!(!cpus.is_empty());
+        let count = cpus.len();
+        // SAFETY: as in allowed_cpus.
+        let listed = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+            libc::CPU_COUNT(&set) as usize
+        };
+        assert_eq!(count, listed);
     }
 
     /// A short real run, spinning whole windows and a part of each: one
