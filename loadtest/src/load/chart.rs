@@ -13,6 +13,8 @@ use super::report::{PhaseSummary, Report};
 
 const WIDTH: u32 = 1200;
 const PANEL: u32 = 300;
+/// The strip above each timeline plot: its caption and legend.
+const HEAD: u32 = 26;
 const SWEEP: u32 = 420;
 pub(crate) const THROUGHPUT: RGBColor = RGBColor(31, 119, 180);
 pub(crate) const P99: RGBColor = RGBColor(255, 127, 14);
@@ -89,9 +91,21 @@ fn panel(r: &Report, series: &str, area: &DrawingArea<SVGBackend<'_>, Shift>, la
     let y_max = nice_max(rows.iter().map(|x| x.1.max(x.2)).fold(0.0, f64::max));
     let p_max = nice_max(rows.iter().map(|x| x.3).fold(0.0, f64::max));
     let (unit, errors) = if series == "ingest" { ("vectors/s", "failed vectors/s") } else { ("ok/s", "errors/s") };
-    let mut chart = ChartBuilder::on(area)
-        .caption(format!("{series}: throughput and p99 latency"), ("sans-serif", 16))
+    let with_errors = rows.iter().any(|x| x.2 > 0.0);
+    // The caption and the legend share a strip above the plot: a legend
+    // inside it covered the fault labels and the lines it explains.
+    let (head, plot) = area.split_vertically(HEAD);
+    head.draw_text(&format!("{series}: throughput and p99 latency"), &("sans-serif", 16).into_font().color(&BLACK), (70, 6))
+        .map_err(err)?;
+    let mut legend = vec![(format!("{series} {unit}"), THROUGHPUT)];
+    if with_errors {
+        legend.push((format!("{series} {errors}"), ERRORS));
+    }
+    legend.push((format!("{series} p99 ms"), P99));
+    legend_row(&head, &legend)?;
+    let mut chart = ChartBuilder::on(&plot)
         .margin(10)
+        .margin_top(4)
         .x_label_area_size(32)
         .y_label_area_size(70)
         .right_y_label_area_size(70)
@@ -100,24 +114,11 @@ fn panel(r: &Report, series: &str, area: &DrawingArea<SVGBackend<'_>, Shift>, la
         .set_secondary_coord(0f64..t_max, 0f64..p_max);
     chart.configure_mesh().x_desc("seconds").y_desc(unit).light_line_style(WHITE.mix(0.0)).draw().map_err(err)?;
     chart.configure_secondary_axes().y_desc("p99 ms").draw().map_err(err)?;
-    let style = |c: RGBColor| ShapeStyle { color: c.to_rgba(), filled: false, stroke_width: 2 };
-    chart
-        .draw_series(LineSeries::new(rows.iter().map(|x| (x.0, x.1)), style(THROUGHPUT)))
-        .map_err(err)?
-        .label(format!("{series} {unit}"))
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style(THROUGHPUT)));
-    if rows.iter().any(|x| x.2 > 0.0) {
-        chart
-            .draw_series(LineSeries::new(rows.iter().map(|x| (x.0, x.2)), style(ERRORS)))
-            .map_err(err)?
-            .label(format!("{series} {errors}"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style(ERRORS)));
+    chart.draw_series(LineSeries::new(rows.iter().map(|x| (x.0, x.1)), line_style(THROUGHPUT))).map_err(err)?;
+    if with_errors {
+        chart.draw_series(LineSeries::new(rows.iter().map(|x| (x.0, x.2)), line_style(ERRORS))).map_err(err)?;
     }
-    chart
-        .draw_secondary_series(LineSeries::new(rows.iter().map(|x| (x.0, x.3)), style(P99)))
-        .map_err(err)?
-        .label(format!("{series} p99 ms"))
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style(P99)));
+    chart.draw_secondary_series(LineSeries::new(rows.iter().map(|x| (x.0, x.3)), line_style(P99))).map_err(err)?;
     // Phase boundaries (an ef sweep), named at the bottom.
     let phases: Vec<&PhaseSummary> = r.phases.iter().filter(|p| p.series == series).collect();
     if phases.len() > 1 {
@@ -143,13 +144,31 @@ fn panel(r: &Report, series: &str, area: &DrawingArea<SVGBackend<'_>, Shift>, la
             chart.draw_series(std::iter::once(text)).map_err(err)?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
+    Ok(())
+}
+
+fn line_style(c: RGBColor) -> ShapeStyle {
+    ShapeStyle { color: c.to_rgba(), filled: false, stroke_width: 2 }
+}
+
+/// The series' names with their line colours, in a row that ends above
+/// the right axis.
+fn legend_row(head: &DrawingArea<SVGBackend<'_>, Shift>, entries: &[(String, RGBColor)]) -> Result<()> {
+    let font = ("sans-serif", 12).into_font().color(&BLACK);
+    let widths: Vec<i32> = entries
+        .iter()
+        .map(|(label, _)| head.estimate_text_size(label, &font).map(|(w, _)| w as i32))
+        .collect::<Result<_, _>>()
         .map_err(err)?;
+    let (sample, gap) = (20, 18);
+    let total: i32 = widths.iter().map(|w| sample + 4 + w + gap).sum();
+    let mut x = WIDTH as i32 - 70 - total;
+    let y = HEAD as i32 / 2 + 2;
+    for ((label, colour), w) in entries.iter().zip(widths) {
+        head.draw(&PathElement::new(vec![(x, y), (x + sample, y)], line_style(*colour))).map_err(err)?;
+        head.draw_text(label, &font, (x + sample + 4, y - 6)).map_err(err)?;
+        x += sample + 4 + w + gap;
+    }
     Ok(())
 }
 
@@ -221,12 +240,32 @@ mod tests {
         }
         // One red vertical line for the one fault, in the one panel.
         assert_eq!(fault_strokes(&svg), 1);
+        // The legend sits above the plot, where it cannot cover the
+        // fault's label or the lines (it once did, seen in Chromium).
+        let red = format!("#{:02X}{:02X}{:02X}", FAULT.0, FAULT.1, FAULT.2);
+        let fault = doc.descendants().find(|n| n.attribute("stroke") == Some(red.as_str())).expect("the fault's line");
+        let ys = |n: &roxmltree::Node| -> Vec<f64> {
+            n.attribute("points").unwrap().split_whitespace().map(|p| p.split(',').nth(1).unwrap().parse().unwrap()).collect()
+        };
+        let plot_top = ys(&fault).into_iter().fold(f64::MAX, f64::min);
+        let text_y = |want: &str| -> f64 {
+            let n = doc.descendants().find(|n| n.has_tag_name("text") && n.text().is_some_and(|t| t.contains(want))).unwrap();
+            n.attribute("y").unwrap().parse().unwrap()
+        };
+        for legend in ["query ok/s", "query errors/s", "query p99 ms"] {
+            assert!(text_y(legend) < plot_top, "{legend} at y {} is inside the plot (top {plot_top})", text_y(legend));
+        }
+        assert!(text_y("1.0s kill shard-1") > plot_top);
         // The throughput line has a point per full second: the run lasted
         // 3.5 s, so the fourth row (partial) is left out.
         assert_eq!((r.duration_s, r.timeline.len()), (3.5, 4));
         let polylines: Vec<_> = doc.descendants().filter(|n| n.has_tag_name("polyline")).collect();
         let blue = format!("#{:02X}{:02X}{:02X}", THROUGHPUT.0, THROUGHPUT.1, THROUGHPUT.2);
-        let line = polylines.iter().find(|n| n.attribute("stroke") == Some(blue.as_str())).expect("a throughput line");
+        // The first blue line in the plot (the legend's sample is above it).
+        let line = polylines
+            .iter()
+            .find(|n| n.attribute("stroke") == Some(blue.as_str()) && ys(n).iter().all(|y| *y >= plot_top))
+            .expect("a throughput line");
         assert_eq!(line.attribute("points").unwrap().split_whitespace().count(), 3);
     }
 
