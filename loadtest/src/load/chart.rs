@@ -15,6 +15,9 @@ const WIDTH: u32 = 1200;
 const PANEL: u32 = 300;
 /// The strip above each timeline plot: its caption and legend.
 const HEAD: u32 = 26;
+/// The width of a timeline's axis areas, left and right; the caption
+/// and the legend line up with the plot between them.
+const AXIS: u32 = 70;
 const SWEEP: u32 = 420;
 pub(crate) const THROUGHPUT: RGBColor = RGBColor(31, 119, 180);
 pub(crate) const P99: RGBColor = RGBColor(255, 127, 14);
@@ -95,7 +98,7 @@ fn panel(r: &Report, series: &str, area: &DrawingArea<SVGBackend<'_>, Shift>, la
     // The caption and the legend share a strip above the plot: a legend
     // inside it covered the fault labels and the lines it explains.
     let (head, plot) = area.split_vertically(HEAD);
-    head.draw_text(&format!("{series}: throughput and p99 latency"), &("sans-serif", 16).into_font().color(&BLACK), (70, 6))
+    head.draw_text(&format!("{series}: throughput and p99 latency"), &("sans-serif", 16).into_font().color(&BLACK), (AXIS as i32, 6))
         .map_err(err)?;
     let mut legend = vec![(format!("{series} {unit}"), THROUGHPUT)];
     if with_errors {
@@ -107,8 +110,8 @@ fn panel(r: &Report, series: &str, area: &DrawingArea<SVGBackend<'_>, Shift>, la
         .margin(10)
         .margin_top(4)
         .x_label_area_size(32)
-        .y_label_area_size(70)
-        .right_y_label_area_size(70)
+        .y_label_area_size(AXIS)
+        .right_y_label_area_size(AXIS)
         .build_cartesian_2d(0f64..t_max, 0f64..y_max)
         .map_err(err)?
         .set_secondary_coord(0f64..t_max, 0f64..p_max);
@@ -162,7 +165,7 @@ fn legend_row(head: &DrawingArea<SVGBackend<'_>, Shift>, entries: &[(String, RGB
         .map_err(err)?;
     let (sample, gap) = (20, 18);
     let total: i32 = widths.iter().map(|w| sample + 4 + w + gap).sum();
-    let mut x = WIDTH as i32 - 70 - total;
+    let mut x = (WIDTH - AXIS) as i32 - total;
     let y = HEAD as i32 / 2 + 2;
     for ((label, colour), w) in entries.iter().zip(widths) {
         head.draw(&PathElement::new(vec![(x, y), (x + sample, y)], line_style(*colour))).map_err(err)?;
