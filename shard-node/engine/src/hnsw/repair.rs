@@ -66,6 +66,7 @@ impl BuildCtx<'_> {
                         }
                         w.cands.sort_unstable();
                         select_neighbours(view, metric, &w.cands, cap, &mut w.pruned)?;
+                        keep_routes(&mut w.pruned, &list[..], x, cap);
                         list.clear();
                         list.extend_from_slice(&w.pruned);
                     }
@@ -88,7 +89,35 @@ impl BuildCtx<'_> {
         }
         Ok(())
     }
+}
 
+/// Fewest links a repaired list keeps, of a level whose lists hold `cap`.
+pub(crate) fn min_routes(cap: usize) -> usize {
+    (cap / 4).max(1)
+}
+
+/// Tops `chosen` (the live links picked for `x`) up to [`min_routes`] with
+/// the links `x` had (`old`), retired ones included, when the two hops
+/// around a retired node offered too few live ones.
+///
+/// A retired node still routes until the vacuum unlinks it (and the vacuum
+/// offers replacements from a search of the whole graph, not just two
+/// hops), so keeping a link to it loses nothing, while dropping it can cut
+/// `x` off: with 1,995 of 2,000 points deleted, the live entry point was
+/// left with no links at all, and a search returned it alone.
+pub(crate) fn keep_routes(chosen: &mut Vec<u32>, old: &[u32], x: u32, cap: usize) {
+    let floor = min_routes(cap).min(cap);
+    for &y in old {
+        if chosen.len() >= floor {
+            break;
+        }
+        if y != x && !chosen.contains(&y) {
+            chosen.push(y);
+        }
+    }
+}
+
+impl BuildCtx<'_> {
     /// The live nodes within two hops of `dead` on level `l` (its live
     /// neighbours `live` and their live neighbours), sorted, without `dead`.
     fn two_hops(&self, view: &mut BuildView<'_>, w: &mut Worker, dead: u32, l: u8, live: &[u32]) -> Result<Vec<u32>> {

@@ -468,7 +468,19 @@ fn without_room_in_the_shared_cache_results_are_the_same() {
 
 #[test]
 fn mostly_deleted_indexes_still_answer_with_every_live_point() {
-    let mut rng = rng("mostly_deleted_indexes_still_answer_with_every_live_point");
+    mostly_deleted(rng("mostly_deleted_indexes_still_answer_with_every_live_point"));
+}
+
+/// The seed that found it: the repair around the deleted points left the
+/// live entry point with no links at all, and a search returned it alone
+/// (1 of the 5 live points).
+#[test]
+fn the_seed_that_lost_four_of_five_live_points() {
+    use rand::SeedableRng;
+    mostly_deleted(rand::rngs::StdRng::seed_from_u64(17793965896214310027));
+}
+
+fn mostly_deleted(mut rng: rand::rngs::StdRng) {
     let fx = Fixture::new(8, Metric::Cosine);
     fx.index.apply(random_batch(&mut rng, 8, 0..2000)).unwrap();
     fx.index.apply(Batch { ops: (5..2000).map(Op::Delete).collect(), source: None }).unwrap();
