@@ -14,6 +14,12 @@ use crate::fvecs::VecFile;
 /// `index-bench` measures afterwards is then its own, and a heap profile
 /// of the run (`heaptrack`) shows the build's peak, not this one.
 pub(crate) fn exact(base: &VecFile, n: usize, queries: &[Vec<f32>], metric: Metric, k: usize) -> Result<Vec<Vec<u32>>> {
+    exact_among(base, &(0..n as u32).collect::<Vec<_>>(), queries, metric, k)
+}
+
+/// As [`exact`], among the base rows `ids` (ascending) only: a filter's
+/// ground truth.
+pub(crate) fn exact_among(base: &VecFile, ids: &[u32], queries: &[Vec<f32>], metric: Metric, k: usize) -> Result<Vec<Vec<u32>>> {
     const CHUNK: usize = 4096;
     let prep = |mut v: Vec<f32>| {
         if metric == Metric::Cosine {
@@ -30,8 +36,8 @@ pub(crate) fn exact(base: &VecFile, n: usize, queries: &[Vec<f32>], metric: Metr
     // Per query, the best so far in ascending distance (the earlier row
     // wins a tie).
     let mut best: Vec<Vec<(f32, u32)>> = vec![Vec::with_capacity(k + 1); queries.len()];
-    for start in (0..n).step_by(CHUNK) {
-        let rows: Vec<Vec<f32>> = (start..(start + CHUNK).min(n)).map(|i| base.f32_row(i).map(prep)).collect::<Result<_>>()?;
+    for chunk in ids.chunks(CHUNK) {
+        let rows: Vec<Vec<f32>> = chunk.iter().map(|&i| base.f32_row(i as usize).map(prep)).collect::<Result<_>>()?;
         best.par_iter_mut().zip(&queries).for_each(|(top, q)| {
             for (j, r) in rows.iter().enumerate() {
                 let d = distance(r, q);
@@ -39,7 +45,7 @@ pub(crate) fn exact(base: &VecFile, n: usize, queries: &[Vec<f32>], metric: Metr
                     continue;
                 }
                 let at = top.partition_point(|&(e, _)| e <= d);
-                top.insert(at, (d, (start + j) as u32));
+                top.insert(at, (d, chunk[j]));
                 top.truncate(k);
             }
         });

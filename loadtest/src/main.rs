@@ -7,6 +7,7 @@ mod cluster_bench;
 mod compare;
 mod disk_bench;
 mod disk_compare;
+mod filtered_bench;
 use shoal_ops::vectors::fvecs;
 mod groundtruth;
 mod hardening;
@@ -38,6 +39,10 @@ enum Command {
     /// Build an index from .fvecs files; measure recall, QPS, incremental
     /// inserts, disk and memory (same JSON as ../shared/peers).
     IndexBench(index_bench::Args),
+    /// The shared filter cases (../shared/datasets/pypi): selectivity, plan,
+    /// recall@10 and single-thread QPS per case and ef, beside a build
+    /// without payload indexes (same JSON as ../shared/peers/filtered_bench.py).
+    FilteredBench(filtered_bench::Args),
     /// Rounds of upserts, deletes and inserts; recall, QPS, file size and
     /// tombstones after each, beside a fresh build (issue 22).
     Churn(churn::Args),
@@ -98,6 +103,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::IndexBench(a) => index_bench::run(a),
+        Command::FilteredBench(a) => filtered_bench::run(a),
         Command::Churn(a) => churn::run(a),
         Command::Compare(a) => compare::run(a),
         Command::ClusterBench(a) => cluster_bench::run(a),

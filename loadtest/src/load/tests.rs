@@ -18,6 +18,7 @@ async fn run(args: &[&str]) -> anyhow::Result<Report> {
         Command::Query(a) => super::query::run_report(a).await,
         Command::Mixed(a) => super::mixed::run_report(a).await,
         Command::IndexBench(_)
+        | Command::FilteredBench(_)
         | Command::ClusterBench(_)
         | Command::SnapshotBench(_)
         | Command::Compare(_)

@@ -22,6 +22,18 @@ pub enum Op {
     /// not. For callers that cannot know (a coordinator routing a job's
     /// deletes, a replay after a crash).
     DeleteIfPresent(u64),
+    /// Remove every point that matches the filter at this operation's
+    /// place: as the index holds it, with the batch's earlier operations
+    /// and the group's earlier batches applied. The ids it removes count
+    /// as deleted, and the batch log records them (not the filter), so
+    /// another copy removes exactly the same points.
+    DeleteWhere {
+        /// Which points.
+        filter: crate::Filter,
+        /// Read fields without a ready index from the payloads (a scan of
+        /// every point) instead of refusing the batch.
+        allow_unindexed: bool,
+    },
 }
 
 /// Where a batch sits in an ingest job's input, so the job can resume.

@@ -106,6 +106,21 @@ pub enum Error {
         deadline_passed: bool,
     },
 
+    /// A filter names a field whose index is still being built (online,
+    /// in steps); nothing was searched. Retry once it is ready, or allow
+    /// a scan of the payloads (`allow_unindexed`).
+    #[error(
+        "filter {path}: the index on field {field} is being built ({percent}% done); retry when it is ready, or allow a scan with allow_unindexed"
+    )]
+    FieldIndexBuilding {
+        /// Where in the filter.
+        path: String,
+        /// The field.
+        field: String,
+        /// How far the build is.
+        percent: u32,
+    },
+
     /// The index holds data that contradicts itself.
     #[error("index at {path} is corrupt: {detail}")]
     Corrupt {
@@ -292,6 +307,47 @@ pub enum InvalidInput {
     /// Index parameters that cannot build a sensible graph.
     #[error("invalid index parameters: {0}")]
     BadParams(String),
+    /// A filter is malformed, or asks what the field indexes cannot
+    /// answer; `path` says where inside the filter (`must[1].range.gte`).
+    #[error("filter {path}: {reason}")]
+    Filter {
+        /// Where in the filter, from its top.
+        path: String,
+        /// What is wrong there.
+        reason: String,
+    },
+    /// A page size of zero or past the limit.
+    #[error("limit must be between 1 and {max}, got {limit}")]
+    BadLimit {
+        /// The limit asked for.
+        limit: usize,
+        /// The largest accepted.
+        max: usize,
+    },
+    /// A field name that cannot be indexed.
+    #[error("field name {field:?} must be 1 to {max} bytes of dotted, non-empty segments")]
+    BadFieldName {
+        /// The name given.
+        field: String,
+        /// The limit in bytes.
+        max: usize,
+    },
+    /// The field is indexed already, as another type.
+    #[error("field {field} is indexed as {existing}; drop that index before indexing it as {requested}")]
+    FieldIndexExists {
+        /// The field.
+        field: String,
+        /// Its index's type.
+        existing: crate::FieldType,
+        /// The type asked for.
+        requested: crate::FieldType,
+    },
+    /// The shard holds as many field indexes as it may.
+    #[error("a shard keeps at most {max} field indexes")]
+    TooManyFieldIndexes {
+        /// The limit.
+        max: usize,
+    },
 }
 
 /// Why one write of a group commit was refused. It left no trace; the

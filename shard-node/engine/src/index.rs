@@ -20,6 +20,8 @@ use crate::table::Retired;
 
 mod compact;
 mod exclusive;
+mod fields;
+mod filtered;
 mod fold;
 mod log_policy;
 mod options;
@@ -28,6 +30,8 @@ mod vacuum;
 mod writer;
 
 pub use compact::CompactOutcome;
+pub use fields::BuildStep;
+pub use filtered::{MAX_SCROLL_LIMIT, Where};
 pub use fold::{FoldOutcome, FoldStep};
 pub use options::{IndexOptions, LinkLog, Rescore};
 pub use reader::{IndexStats, Snapshot};

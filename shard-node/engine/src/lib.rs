@@ -19,6 +19,30 @@
 //! assert_eq!(index.offset("job-1")?, Some(0));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Layout
+//!
+//! - `index` (with `index/`): the [`Index`] and its operations, one file
+//!   each: `writer` (batches), `reader` (searches, snapshots, stats),
+//!   `filtered` (searches, counts and scrolls under a filter), `fields`
+//!   (declaring and building field indexes), `vacuum`, `compact`, `fold`.
+//! - `plan`: a group of batches resolved into what one write transaction
+//!   does; `batch`, `batch_log`: what writers send and what the shard
+//!   keeps of it for other copies.
+//! - `hnsw`: the graph algorithms over the `view::Graph` trait (build,
+//!   insert, repair, vacuum, search), shared by readers and the writer.
+//! - `session`: a read transaction with its caches; `session/filtered`
+//!   carries out the `planner`'s choice for a filter.
+//! - `filter`: the filter language (`json`), its resolution against the
+//!   field indexes (`prepare`), and its answer from the indexes
+//!   (`on_index`) or from one payload (`on_payload`).
+//! - `fields`: field index definitions (`schema`), what a payload holds
+//!   for a field (`value`), and the tables (`postings`, `columns`) with
+//!   their per-transaction changes (`update`).
+//! - Storage: `store` (the LMDB environment), `table` (typed keys),
+//!   `codec` (values), `quant` and `nibble` (4-bit codes), `view` and
+//!   `cache` (reading the graph through a transaction), `links_log`,
+//!   `tombstone_set`, `migrate`, `copy`, `digest`, `warm`.
 #![warn(missing_docs)]
 
 #[cfg(not(target_endian = "little"))]
@@ -31,6 +55,8 @@ mod codec;
 mod copy;
 mod digest;
 mod error;
+mod fields;
+mod filter;
 #[cfg(test)]
 mod fuzz_tests;
 mod hnsw;
@@ -42,6 +68,7 @@ mod migrate;
 mod nibble;
 mod params;
 mod plan;
+mod planner;
 mod quant;
 mod session;
 mod sparse_chunk;
@@ -57,8 +84,18 @@ pub use batch_log::{BatchLogRetention, LogApplied, LogEntry, LogRead};
 pub use copy::{CopyInfo, CopyMode};
 pub use digest::ContentDigest;
 pub use error::{Error, InvalidInput, Location, Rejected, Result};
-pub use index::{CompactOutcome, FoldOutcome, FoldStep, Index, IndexOptions, IndexStats, LinkLog, Rescore, Snapshot, VacuumOutcome};
+pub use fields::value::{MAX_KEYWORD_BYTES, PAYLOAD_BINARY, PAYLOAD_JSON};
+pub use fields::{FieldIndexInfo, FieldState, FieldType, MAX_FIELD_INDEXES, MAX_FIELD_NAME_BYTES};
+pub use filter::{
+    Bound, Condition, Filter, MAX_ANY_VALUES, MAX_FILTER_CONDITIONS, MAX_FILTER_DEPTH, MAX_HAS_IDS, MatchValue, Range,
+    parse_json as parse_filter,
+};
+pub use index::{
+    BuildStep, CompactOutcome, FoldOutcome, FoldStep, Index, IndexOptions, IndexStats, LinkLog, MAX_SCROLL_LIMIT, Rescore, Snapshot,
+    VacuumOutcome, Where,
+};
 pub use metric::{Metric, VectorError};
 pub use params::{IndexParams, MAX_DIM};
-pub use session::{Hit, MAX_EF, MAX_K, SearchParams, StoredPoint};
+pub use planner::{Explain, Plan, PlannerOptions};
+pub use session::{Found, Hit, MAX_EF, MAX_K, Page, SearchParams, StoredPoint};
 pub use stop::Stop;

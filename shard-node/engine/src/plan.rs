@@ -89,6 +89,9 @@ pub(crate) fn prepare(batch: &mut Batch, params: &IndexParams, max_payload: usiz
         return Err(InvalidInput::OffsetOutOfRange { offset: s.offset });
     }
     for (op, o) in batch.ops.iter().enumerate() {
+        if let Op::DeleteWhere { filter, .. } = o {
+            filter.check().map_err(|e| at_op(op, e))?;
+        }
         if let Op::Upsert(p) = o {
             params.metric.validate(&p.vector, params.dim as usize).map_err(|error| InvalidInput::Vector { at: Location::Op(op), error })?;
             if let Some(len) = p.payload.as_ref().map(Vec::len)
@@ -107,6 +110,15 @@ pub(crate) fn prepare(batch: &mut Batch, params: &IndexParams, max_payload: usiz
         }
     }
     Ok(())
+}
+
+/// A filter's error as the error of operation `op` of its batch.
+fn at_op(op: usize, e: InvalidInput) -> InvalidInput {
+    if let InvalidInput::Filter { path, reason } = e {
+        InvalidInput::Filter { path: format!("of operation {op}: {path}"), reason }
+    } else {
+        e
+    }
 }
 
 /// A point the commit adds, borrowing from its batch.
@@ -153,6 +165,20 @@ impl Plan<'_> {
     /// `epoch`.
     pub(crate) fn is_empty(&self, epoch: u64) -> bool {
         self.inserts.is_empty() && self.tombstones.is_empty() && self.offsets.is_empty() && self.logged.is_empty() && self.epoch == epoch
+    }
+}
+
+/// What a delete by filter matches: the points the index holds that match
+/// it (external ids), and the prepared filter for the points the group
+/// wrote before it.
+pub(crate) struct Matching {
+    pub(crate) committed: Vec<u64>,
+    pub(crate) node: crate::filter::prepare::Node,
+}
+
+impl Matching {
+    fn matches(&self, external: u64, payload: Option<&[u8]>) -> bool {
+        crate::filter::on_payload::matches_stored(&self.node, external, payload)
     }
 }
 
@@ -203,6 +229,7 @@ pub(crate) fn resolve<'b>(
     start: Start,
     mut lookup: impl FnMut(u64) -> Result<Option<u32>>,
     mut stored_offset: impl FnMut(&str) -> Result<Option<u64>>,
+    mut matching: impl FnMut(&crate::Filter, bool) -> Result<Result<Matching, InvalidInput>>,
 ) -> Result<Plan<'b>> {
     let mut known: FxHashMap<u64, Option<u32>> = FxHashMap::default();
     let mut fate: FxHashMap<u64, Fate> = FxHashMap::default();
@@ -269,6 +296,30 @@ pub(crate) fn resolve<'b>(
             match o {
                 Op::Upsert(p) => {
                     local.insert(p.id, Fate::Upsert { batch: b, op });
+                }
+                Op::DeleteWhere { filter, allow_unindexed } => {
+                    let m = match matching(filter, *allow_unindexed)? {
+                        Ok(m) => m,
+                        Err(e) => {
+                            rejected = Some(at_op(op, e));
+                            break;
+                        }
+                    };
+                    // Held now: as the index holds it unless the group
+                    // changed it; then its last upsert's payload decides.
+                    let mut gone: Vec<u64> =
+                        m.committed.iter().copied().filter(|id| !local.contains_key(id) && !fate.contains_key(id)).collect();
+                    for (id, f) in local.iter().chain(fate.iter().filter(|(id, _)| !local.contains_key(*id))) {
+                        if let Fate::Upsert { batch: b, op: o } = *f
+                            && let Op::Upsert(p) = &items[b].batch.ops[o]
+                            && m.matches(*id, p.payload.as_deref())
+                        {
+                            gone.push(*id);
+                        }
+                    }
+                    for id in gone {
+                        local.insert(id, Fate::Deleted);
+                    }
                 }
                 Op::Delete(id) | Op::DeleteIfPresent(id) => {
                     let exists = match local.get(id) {
@@ -406,6 +457,7 @@ mod tests {
             start,
             |id| Ok(existing.iter().find(|e| e.0 == id).map(|e| e.1)),
             |s| Ok(stored.iter().find(|e| e.0 == s).map(|e| e.1)),
+            |_, _| Ok(Ok(Matching { committed: Vec::new(), node: crate::filter::prepare::Node::None })),
         )
         .unwrap()
     }

@@ -48,10 +48,19 @@ pub(crate) struct Dbs {
     /// (sequence number, external id) → nothing: the same copies, in the
     /// order the log lets them go.
     pub(crate) log_vectors_by_seq: Table<SeqPoint>,
+    /// field name → its index's definition (`fields::FieldDef`): which
+    /// payload fields are indexed, as what, and how far an online build got.
+    pub(crate) fields: Table<Name>,
+    /// (field, kind, value) → the set of internal ids holding it, a
+    /// serialised roaring bitmap (`fields::postings`).
+    pub(crate) postings: Table<Name>,
+    /// (field, block) → the numeric value of each id of the block, for
+    /// checking a range on one point during a walk (`fields::columns`).
+    pub(crate) field_columns: Table<Name>,
 }
 
 /// The databases of an index, in the order of [`Dbs`]'s fields.
-const DB_NAMES: [&str; 14] = [
+const DB_NAMES: [&str; 17] = [
     "meta",
     "vectors",
     "codes",
@@ -66,6 +75,9 @@ const DB_NAMES: [&str; 14] = [
     "retired",
     "log_vectors",
     "log_vectors_by_seq",
+    "fields",
+    "postings",
+    "field_columns",
 ];
 
 /// How the environment is opened.
@@ -130,7 +142,7 @@ impl Store {
             flags |= EnvFlags::NO_SYNC;
         }
         let mut builder = EnvOpenOptions::new().read_txn_without_tls();
-        builder.map_size(map_size as usize).max_dbs(16).max_readers(opts.max_readers);
+        builder.map_size(map_size as usize).max_dbs(24).max_readers(opts.max_readers);
         // SAFETY: the flags are valid LMDB environment flags; NO_SYNC trades
         // durability of the last commits for speed and is opt-in.
         unsafe { builder.flags(flags) };
@@ -157,7 +169,12 @@ impl Store {
                 let open = |name: &'static str| {
                     // Created on first open by a build that has it: an
                     // index written before it starts with an empty log.
-                    if fresh || matches!(name, "batch_log" | "retired" | "log_vectors" | "log_vectors_by_seq") {
+                    if fresh
+                        || matches!(
+                            name,
+                            "batch_log" | "retired" | "log_vectors" | "log_vectors_by_seq" | "fields" | "postings" | "field_columns"
+                        )
+                    {
                         dbo.create_database::<Bytes, Bytes>(wtxn, Some(name)).map(Some)
                     } else {
                         dbo.open_database::<Bytes, Bytes>(wtxn, Some(name))
@@ -191,6 +208,9 @@ impl Store {
             retired,
             log_vectors,
             log_vectors_by_seq,
+            fields,
+            postings,
+            field_columns,
         ] = dbs[..]
         else {
             unreachable!("one database per name");
@@ -211,6 +231,9 @@ impl Store {
             retired: Table::new(retired, "retired"),
             log_vectors: Table::new(log_vectors, "log_vectors"),
             log_vectors_by_seq: Table::new(log_vectors_by_seq, "log_vectors_by_seq"),
+            fields: Table::new(fields, "fields"),
+            postings: Table::new(postings, "postings"),
+            field_columns: Table::new(field_columns, "field_columns"),
         };
         Ok(Store { env, dbs, all, path: path.to_owned(), max_map_size: opts.max_map_size, page })
     }

@@ -341,6 +341,29 @@ impl<K: TableKey> Table<K> {
     }
 }
 
+impl Table<Name> {
+    /// The entries whose keys lie in `from..=to`, in key order.
+    pub(crate) fn range_inclusive<'t>(self, txn: &'t RoTxn, from: &[u8], to: &[u8]) -> heed::Result<impl Iterator<Item = Entry<'t, Name>>> {
+        let range = (std::ops::Bound::Included(from), std::ops::Bound::Included(to));
+        Ok(self.db.range(txn, &range)?.map(move |item| self.decoded(item)))
+    }
+
+    /// The entries whose keys start with `prefix`, in key order.
+    pub(crate) fn prefix<'t>(self, txn: &'t RoTxn, prefix: &[u8]) -> heed::Result<impl Iterator<Item = Entry<'t, Name>>> {
+        Ok(self.db.prefix_iter(txn, prefix)?.map(move |item| self.decoded(item)))
+    }
+
+    /// Deletes every entry whose key starts with `prefix`; returns how many.
+    pub(crate) fn delete_prefix(self, txn: &mut RwTxn, prefix: &[u8]) -> heed::Result<usize> {
+        let keys: Vec<Vec<u8>> =
+            self.db.prefix_iter(txn, prefix)?.map(|item| item.map(|(k, _)| k.to_vec())).collect::<heed::Result<_>>()?;
+        for key in &keys {
+            self.db.delete(txn, key)?;
+        }
+        Ok(keys.len())
+    }
+}
+
 impl Table<RetiredKey> {
     /// The retired ids of `kind`, ascending: one contiguous run of keys.
     pub(crate) fn ids(self, txn: &RoTxn, kind: Retired) -> heed::Result<impl Iterator<Item = heed::Result<u32>>> {

@@ -309,6 +309,20 @@ impl<'t> TxnView<'t> {
         Ok(unsafe { p.add(offset) })
     }
 
+    /// The codes of the block holding `id`: where the block starts, the
+    /// first id it holds, and how many it holds. A scan over ascending ids
+    /// finds each block once and the codes in it by their slot.
+    pub(crate) fn code_run(&mut self, id: u32) -> Result<(*const u8, u32, u32)> {
+        let layout = self.codes;
+        let (block, slot) = (id / layout.per_block, id % layout.per_block);
+        let first = block * layout.per_block;
+        let p = self.block_value(Blocks::Codes, id)?;
+        let start = p.wrapping_sub(slot as usize * layout.value_bytes);
+        let full = self.frozen.is_some_and(|f| f.shares_block(Blocks::Codes, id, block) && f.table(Blocks::Codes).get(block) != 0);
+        let len = if full { layout.per_block } else { self.cache.codes.get(block).len.max(slot + 1) };
+        Ok((start, first, len))
+    }
+
     #[inline]
     fn layout(&self, kind: Blocks) -> BlockLayout {
         match kind {

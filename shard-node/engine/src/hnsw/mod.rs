@@ -10,5 +10,5 @@ mod select;
 mod vacuum;
 
 pub(crate) use level::level_for;
-pub(crate) use search::{Scored, Scratch, greedy_closest, prefetch, prefetch_codes, search_layer};
+pub(crate) use search::{Admit, Scored, Scratch, greedy_closest, prefetch, prefetch_codes, search_layer, walk_layer};
 pub(crate) use select::select_neighbours;

@@ -42,6 +42,9 @@ pub(crate) struct Scratch {
     links: Vec<u32>,
     /// Unvisited neighbours of the node being expanded, with their codes.
     fresh: Fresh,
+    /// Distances computed on codes since the counter was last taken
+    /// (what `explain` reports).
+    pub(crate) compared: u64,
 }
 
 /// Codes that are only meaningful during one `search_layer` call; the
@@ -60,6 +63,7 @@ impl Scratch {
             results: BinaryHeap::new(),
             links: Vec::with_capacity(64),
             fresh: Fresh(Vec::with_capacity(64)),
+            compared: 0,
         }
     }
 
@@ -85,6 +89,7 @@ pub(crate) fn greedy_closest<'g, G: Graph<'g>, Q: Query + ?Sized>(
         let mut moved = false;
         graph.links(best.id, level, &mut scratch.links)?;
         prefetch_codes(graph, &scratch.links)?;
+        scratch.compared += scratch.links.len() as u64;
         for i in 0..scratch.links.len() {
             let n = scratch.links[i];
             let d = query.distance(metric, graph.code(n)?);
@@ -99,11 +104,37 @@ pub(crate) fn greedy_closest<'g, G: Graph<'g>, Q: Query + ?Sized>(
     }
 }
 
+/// Who may enter a walk's results (every node it meets still routes).
+pub(crate) trait Admit<'g, G: Graph<'g>> {
+    fn admit(&mut self, graph: &mut G, id: u32) -> Result<bool>;
+}
+
+/// Every node: building and vacuuming look for neighbours, live or not.
+pub(crate) struct Everyone;
+
+impl<'g, G: Graph<'g>> Admit<'g, G> for Everyone {
+    #[inline]
+    fn admit(&mut self, _: &mut G, _: u32) -> Result<bool> {
+        Ok(true)
+    }
+}
+
+/// Live nodes only: tombstones route but are never returned.
+pub(crate) struct LiveOnly;
+
+impl<'g, G: Graph<'g>> Admit<'g, G> for LiveOnly {
+    #[inline]
+    fn admit(&mut self, graph: &mut G, id: u32) -> Result<bool> {
+        Ok(!graph.is_tombstone(id)?)
+    }
+}
+
 /// Best-first search of one layer from `entry` with a candidate list of
 /// length `ef` (the paper's algorithm 2). Tombstones are traversed, since
-/// they still route, but never returned. Results go to `out`, closest
-/// first, at most `ef` of them. Gives up with [`crate::Error::Stopped`]
-/// when `stop` says so (checked every few expansions).
+/// they still route, but never returned with `skip_tombstones`. Results
+/// go to `out`, closest first, at most `ef` of them. Gives up with
+/// [`crate::Error::Stopped`] when `stop` says so (checked every few
+/// expansions).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn search_layer<'g, G: Graph<'g>, Q: Query + ?Sized>(
     graph: &mut G,
@@ -117,7 +148,31 @@ pub(crate) fn search_layer<'g, G: Graph<'g>, Q: Query + ?Sized>(
     out: &mut Vec<Scored>,
     stop: &Stop,
 ) -> Result<()> {
-    let Scratch { visited, candidates, results, links, fresh: Fresh(fresh) } = scratch;
+    if skip_tombstones {
+        walk_layer(graph, scratch, metric, query, entry, ef, level, &mut LiveOnly, out, stop)
+    } else {
+        walk_layer(graph, scratch, metric, query, entry, ef, level, &mut Everyone, out, stop)
+    }
+}
+
+/// [`search_layer`] where `admit` says who may enter the results: every
+/// node met routes, but only admitted ones count towards `ef`, so a walk
+/// under a filter goes on until it holds `ef` matching nodes (or runs out
+/// of nodes closer than the farthest of them).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn walk_layer<'g, G: Graph<'g>, Q: Query + ?Sized, A: Admit<'g, G>>(
+    graph: &mut G,
+    scratch: &mut Scratch,
+    metric: Metric,
+    query: &Q,
+    entry: &[Scored],
+    ef: usize,
+    level: u8,
+    admit: &mut A,
+    out: &mut Vec<Scored>,
+    stop: &Stop,
+) -> Result<()> {
+    let Scratch { visited, candidates, results, links, fresh: Fresh(fresh), compared } = scratch;
     visited.reset();
     candidates.clear();
     results.clear();
@@ -126,7 +181,7 @@ pub(crate) fn search_layer<'g, G: Graph<'g>, Q: Query + ?Sized>(
             continue;
         }
         candidates.push(Reverse(e));
-        if !(skip_tombstones && graph.is_tombstone(e.id)?) {
+        if admit.admit(graph, e.id)? {
             results.push(e);
         }
     }
@@ -162,6 +217,7 @@ pub(crate) fn search_layer<'g, G: Graph<'g>, Q: Query + ?Sized>(
                 fresh.push((n, code.as_ptr()));
             }
         }
+        *compared += fresh.len() as u64;
         for &(n, p) in fresh.iter() {
             // SAFETY: `p` came from `graph.code` in this call: a code of
             // `dim` components that lives as long as the graph's transaction.
@@ -169,7 +225,7 @@ pub(crate) fn search_layer<'g, G: Graph<'g>, Q: Query + ?Sized>(
             let d = query.distance(metric, code);
             if results.len() < ef || d < bound {
                 candidates.push(Reverse(Scored { dist: d, id: n }));
-                if !(skip_tombstones && graph.is_tombstone(n)?) {
+                if admit.admit(graph, n)? {
                     results.push(Scored { dist: d, id: n });
                     if results.len() > ef {
                         results.pop();

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::batch_log::BatchLogRetention;
+use crate::planner::PlannerOptions;
 
 /// How an index is opened; none of these change what is stored.
 #[derive(Clone, Debug)]
@@ -94,6 +95,9 @@ pub struct IndexOptions {
     /// Which of a search's candidates are re-scored with the exact vectors
     /// (the walk ranks them by their codes). Default `Rescore::TopK(2)`.
     pub rescore: Rescore,
+    /// How a search under a filter chooses between comparing the matching
+    /// points and walking the graph (see [`PlannerOptions`]).
+    pub planner: PlannerOptions,
     /// Where a batch writes the changed bottom-layer lists of existing
     /// nodes. Default `LinkLog::Auto { fold_lists: 131_072 }`.
     pub link_log: LinkLog,
@@ -220,6 +224,7 @@ impl Default for IndexOptions {
             shared_cache_bytes: 256 << 20,
             resize_wait: Duration::from_secs(30),
             rescore: Rescore::default(),
+            planner: PlannerOptions::default(),
             link_log: LinkLog::default(),
             batch_log: BatchLogRetention::default(),
         }

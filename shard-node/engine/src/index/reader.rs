@@ -94,9 +94,9 @@ impl Index {
         let query = session::prepare_query(&self.params, query)?;
         let shared = self.resize.read();
         let mut s = self.take_session()?;
-        let result = s.search(&self.store, &shared, &self.params, &query, params, self.opts.rescore, stop);
+        let result = s.search(&self.store, &shared, &self.params, &query, params, self.opts.rescore, &self.opts.planner, stop);
         self.return_session_after(s, &result);
-        result
+        result.map(|f| f.hits)
     }
 
     /// The live point with external id `id`.
@@ -156,7 +156,7 @@ impl Index {
         })
     }
 
-    fn take_session(&self) -> Result<Session> {
+    pub(super) fn take_session(&self) -> Result<Session> {
         let generation = self.generation.load(Ordering::Acquire);
         while let Some(s) = self.sessions.lock().pop() {
             if s.generation == generation {
@@ -169,7 +169,7 @@ impl Index {
     /// Keeps `s` for reuse unless its read failed in LMDB or on damaged
     /// data: LMDB marks a transaction that met an error unusable (every
     /// later read is `MDB_BAD_TXN`), so the next read starts a fresh one.
-    fn return_session_after<T>(&self, s: Session, result: &Result<T>) {
+    pub(super) fn return_session_after<T>(&self, s: Session, result: &Result<T>) {
         if matches!(result, Ok(_) | Err(Error::Stopped { .. } | Error::Invalid(_))) {
             self.return_session(s);
         }
@@ -203,7 +203,11 @@ impl Snapshot<'_> {
     pub fn search_until(&mut self, query: &[f32], params: SearchParams, stop: &Stop) -> Result<Vec<Hit>> {
         params.validate()?;
         let query = session::prepare_query(&self.index.params, query)?;
-        self.session.search(&self.index.store, &self.shared, &self.index.params, &query, params, self.index.opts.rescore, stop)
+        let opts = &self.index.opts;
+        Ok(self
+            .session
+            .search(&self.index.store, &self.shared, &self.index.params, &query, params, opts.rescore, &opts.planner, stop)?
+            .hits)
     }
 
     /// The live point with external id `id`, as of this snapshot.

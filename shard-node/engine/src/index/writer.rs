@@ -16,6 +16,8 @@ use crate::batch_log::{self, LogApplied, LogEntry};
 use crate::cache::SharedAddrs;
 use crate::codec::{self, NODE_TOMBSTONE, NodeRecord, State};
 use crate::error::{Error, InvalidInput, Rejected, Result};
+use crate::fields::Schema;
+use crate::fields::update::Changes;
 use crate::hnsw::build::{BuildCtx, Overlay, WorkQueue};
 use crate::hnsw::level_for;
 use crate::links_log::{self, LogIndex};
@@ -185,6 +187,7 @@ impl Index {
             plan::Start { epoch: state.shard_epoch, last_seq: state.last_seq },
             |id| session::lookup_external(store, &wtxn, id),
             |source| session::read_offset(store, &wtxn, source),
+            |filter, allow_unindexed| self.matching(&wtxn, &state, filter, allow_unindexed, &self.opts.planner),
         )?;
         crate::locality::order(&mut plan.inserts, &self.params);
         drop(resolving);
@@ -205,8 +208,9 @@ impl Index {
             path: store.path.clone(),
             detail: format!("{} live points, but {} to retire", state.live, plan.tombstones.len()),
         })?;
+        let schema = Schema::read(store, &wtxn)?;
         let levels = tracing::debug_span!("write_points", inserts = plan.inserts.len(), retired = plan.tombstones.len())
-            .in_scope(|| self.write_points(&mut wtxn, &plan, state.next_id, &reused))?;
+            .in_scope(|| self.write_points(&mut wtxn, &plan, state.next_id, &reused, &schema))?;
         let log = self.log.get(state.log_epoch).ok_or_else(|| Error::Corrupt {
             path: store.path.clone(),
             detail: format!("link log epoch {} has no index (the file changed under the index?)", state.log_epoch),
@@ -235,6 +239,46 @@ impl Index {
         }
         self.commit(wtxn, &state, &new_state, new_log, !reused.is_empty())?;
         Ok((plan.outcomes, plan.last_seq))
+    }
+
+    /// The points a delete by filter finds in the write transaction, as
+    /// the commit before it left them; `Ok(Err)` refuses the batch.
+    fn matching(
+        &self,
+        wtxn: &RwTxn<'_>,
+        state: &State,
+        filter: &crate::Filter,
+        allow_unindexed: bool,
+        planner: &crate::PlannerOptions,
+    ) -> Result<Result<plan::Matching, InvalidInput>> {
+        let store = &self.store;
+        let schema = Schema::read(store, wtxn)?;
+        let node = match crate::filter::prepare::prepare(filter, &schema, state.next_id, allow_unindexed) {
+            Ok(node) => node,
+            Err(Error::Invalid(e)) => return Ok(Err(e)),
+            Err(Error::FieldIndexBuilding { path, field, percent }) => {
+                let reason =
+                    format!("the index on field {field} is being built ({percent}% done); retry when it is ready, or allow a scan");
+                return Ok(Err(InvalidInput::Filter { path, reason }));
+            }
+            Err(other) => return Err(other),
+        };
+        let mut columns = crate::fields::columns::ColumnCache::default();
+        let limits = crate::filter::on_index::Limits { gather: planner.scan_max };
+        // SAFETY: a new cache, used with this transaction only.
+        let mut eval = unsafe { crate::filter::on_index::Evaluator::new(store, wtxn, state.next_id, state.live, limits, &mut columns) };
+        let ids = match eval.eval(&node)? {
+            crate::filter::on_index::Set::Ids(ids) => ids,
+            crate::filter::on_index::Set::Check { check, .. } => {
+                let tombstones = if state.tombstones > 0 { crate::tombstone_set::TombstoneSet::read(store, wtxn, state)? } else { None };
+                crate::filter::on_index::matching_ids(&mut eval, &check, state.next_id, tombstones.as_ref())?
+            }
+        };
+        let mut committed = Vec::with_capacity(ids.len() as usize);
+        for id in &ids {
+            committed.push(session::read_node(store, wtxn, id)?.external);
+        }
+        Ok(Ok(plan::Matching { committed, node }))
     }
 
     /// Commits a write transaction that moves the state from `state` to
@@ -328,7 +372,7 @@ impl Index {
                     let by_reference = left.get(&p.id) == Some(&p.vector.as_ptr());
                     Some((p.id, (!by_reference).then_some(p.vector.as_slice()), p.payload.as_deref()))
                 }
-                Op::Delete(_) | Op::DeleteIfPresent(_) => None,
+                Op::Delete(_) | Op::DeleteIfPresent(_) | Op::DeleteWhere { .. } => None,
             });
             let points: Vec<_> = points.collect();
             bytes += batch_log::encode(&mut value, batch.source.as_ref(), &logged.deletes, points.into_iter(), dim);
@@ -432,14 +476,28 @@ impl Index {
     /// Retires replaced and deleted nodes and writes the new points' vectors,
     /// records, payloads and ids: into `reused` slots first, then under new
     /// ids from `first_new`. Returns the new points' levels.
-    fn write_points(&self, wtxn: &mut RwTxn<'_>, plan: &Plan<'_>, first_new: u32, reused: &[u32]) -> Result<Vec<u8>, Attempt> {
+    fn write_points(
+        &self,
+        wtxn: &mut RwTxn<'_>,
+        plan: &Plan<'_>,
+        first_new: u32,
+        reused: &[u32],
+        schema: &Schema,
+    ) -> Result<Vec<u8>, Attempt> {
         let store = &self.store;
         let dbs = &store.dbs;
         let err = |e| attempt(store, e);
+        // The field indexes change in this same transaction: a retired id
+        // leaves every set now, so a slot reused later never carries an
+        // old entry.
+        let mut fields = Changes::default();
         for &dead in &plan.tombstones {
             let mut record = session::read_node(store, wtxn, dead)?;
             record.flags |= NODE_TOMBSTONE;
             dbs.nodes.put(wtxn, dead, &record.encode()).map_err(err)?;
+            if !schema.is_empty() {
+                fields.remove_point(schema, dead, dbs.payloads.get(wtxn, dead).map_err(err)?);
+            }
             dbs.payloads.delete(wtxn, dead).map_err(err)?;
             dbs.retired.put(wtxn, (Retired::Linked, dead), &[]).map_err(err)?;
         }
@@ -471,6 +529,7 @@ impl Index {
                 crate::quant::encode(p.vector, &mut reused_codes);
                 let record = NodeRecord { external: p.external, level, flags: 0 };
                 dbs.nodes.put(wtxn, id, &record.encode()).map_err(err)?;
+                fields.add_point(schema, id, p.payload);
                 if let Some(payload) = p.payload {
                     dbs.payloads.put(wtxn, id, payload).map_err(err)?;
                 }
@@ -485,6 +544,7 @@ impl Index {
             codes.extend_from_slice(&code);
             let record = NodeRecord { external: p.external, level, flags: 0 };
             dbs.nodes.append(wtxn, id, &record.encode()).map_err(err)?;
+            fields.add_point(schema, id, p.payload);
             if let Some(payload) = p.payload {
                 dbs.payloads.append(wtxn, id, payload).map_err(err)?;
             }
@@ -501,6 +561,10 @@ impl Index {
         ids.sort_unstable();
         for (external, id) in ids {
             dbs.external.put(wtxn, external, &codec::mapped_id(id)).map_err(err)?;
+        }
+        if !fields.is_empty() {
+            let _span = tracing::debug_span!("write_field_indexes").entered();
+            fields.write(store, wtxn)?;
         }
         Ok(levels)
     }
@@ -1015,6 +1079,7 @@ impl From<Error> for Attempt {
             | Error::LogTruncated { .. }
             | Error::LogAhead { .. }
             | Error::Corrupt { .. }
+            | Error::FieldIndexBuilding { .. }
             | Error::IdSpaceExhausted { .. }
             | Error::Storage { .. }
             | Error::Io { .. }) => Attempt::Failed(other),

@@ -12,6 +12,7 @@ mod copy;
 mod corruption;
 mod digest;
 mod epochs;
+mod filters;
 mod model;
 mod stop;
 mod storage;

@@ -1,6 +1,8 @@
 //! Read sessions: a read transaction plus the caches that make searching
 //! it fast, reused across searches until the next commit.
 
+mod filtered;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -13,11 +15,14 @@ use crate::hnsw::{Scored, Scratch, greedy_closest, search_layer};
 use crate::index::Rescore;
 use crate::links_log::{LogIndex, LogVersions};
 use crate::params::IndexParams;
+use crate::planner::{Explain, Plan, PlannerOptions};
 use crate::quant::{Query, QueryCode};
 use crate::stop::Stop;
 use crate::store::Store;
 use crate::tombstone_set::TombstoneSet;
 use crate::view::{Frozen, Graph, NodeCache, TxnView};
+
+pub use filtered::{Found, Page};
 
 /// One search result.
 #[derive(Clone, Debug, PartialEq)]
@@ -93,6 +98,13 @@ pub(crate) struct Session {
     /// This transaction's tombstones, read by the first search that needs
     /// them (`Some(None)`: the retired table disagreed, records answer).
     tombstones: Option<Option<TombstoneSet>>,
+    /// This transaction's field indexes, read by the first filter.
+    schema: Option<Arc<crate::fields::Schema>>,
+    /// Where this transaction's column blocks are (like `cache`, it holds
+    /// pointers into `txn`'s pages and goes before it).
+    columns: crate::fields::columns::ColumnCache,
+    /// The ids a scan goes over, kept for its capacity.
+    list: Vec<u32>,
     pub(crate) txn: RoTxn<'static, WithoutTls>,
 }
 
@@ -120,6 +132,9 @@ impl Session {
             moved,
             log,
             tombstones: None,
+            schema: None,
+            columns: Default::default(),
+            list: Vec::new(),
             txn,
         })
     }
@@ -150,14 +165,22 @@ impl Session {
         query: &[f32],
         sp: SearchParams,
         rescore: Rescore,
+        planner: &PlannerOptions,
         stop: &Stop,
-    ) -> Result<Vec<Hit>> {
+    ) -> Result<Found> {
         stop.check()?;
-        let Some((entry, top)) = self.state.entry.filter(|_| self.state.live > 0) else {
-            return Ok(Vec::new());
+        let state = self.state;
+        let Some((entry, top)) = state.entry.filter(|_| state.live > 0) else {
+            return Ok(Found { hits: Vec::new(), explain: Explain { plan: Plan::Empty, matches: 0, matches_exact: true, compared: 0 } });
         };
         let metric = params.metric;
-        let skip = self.state.tombstones > 0;
+        let skip = state.tombstones > 0;
+        // A graph that is mostly tombstones is a filter matching few
+        // points: compare them all rather than walk the dead.
+        let share = state.live as f64 / f64::from(state.next_id.max(1));
+        if skip && crate::planner::choose(planner, state.live, true, share, false) == Plan::Exact {
+            return self.search_live_exactly(store, shared, params, query, sp, stop);
+        }
         // Capped at the live count: results can never hold more, and with
         // many tombstones a longer list would only be filled by visiting
         // every node.
@@ -174,6 +197,7 @@ impl Session {
         // Read through this same transaction.
         let mut view = view.with_tombstones(tombstones.as_ref().and_then(Option::as_ref));
         let qc = QueryCode::new(query);
+        scratch.compared = 0;
         let mut best = Scored { dist: qc.distance(metric, view.code(entry)?), id: entry };
         for l in (1..=top).rev() {
             best = greedy_closest(&mut view, scratch, metric, &qc, best, l, stop)?;
@@ -182,7 +206,8 @@ impl Session {
         // The walk ranked candidates by their codes; re-score the best ones
         // with the exact vectors, so results and distances are exact. Each
         // may be a page read on a cold cache: keep looking at `stop`.
-        found.truncate(rescore.count(sp.k, found.len(), ef >= self.state.live as usize));
+        found.truncate(rescore.count(sp.k, found.len(), ef >= state.live as usize));
+        let rescored = found.len();
         stop.check()?;
         let mut pacer = stop.pacer();
         for s in found.iter_mut() {
@@ -204,7 +229,8 @@ impl Session {
                 hit.payload = payload(store, txn, s.id)?;
             }
         }
-        Ok(hits)
+        let compared = scratch.compared + rescored as u64;
+        Ok(Found { hits, explain: Explain { plan: Plan::Graph, matches: state.live, matches_exact: true, compared } })
     }
 
     /// The live point with external id `id`.
@@ -276,7 +302,7 @@ pub(crate) fn read_state(store: &Store, txn: &RoTxn<'_, WithoutTls>) -> Result<S
     }
 }
 
-pub(crate) fn lookup_external(store: &Store, txn: &RoTxn<'_, WithoutTls>, id: u64) -> Result<Option<u32>> {
+pub(crate) fn lookup_external(store: &Store, txn: &RoTxn, id: u64) -> Result<Option<u32>> {
     let v = store.dbs.external.get(txn, id).map_err(|e| store.err(e))?;
     match v {
         None => Ok(None),
@@ -338,7 +364,7 @@ pub(crate) fn decode_offset(b: &[u8]) -> Option<u64> {
 }
 
 /// Record of node `id` read without a cache (cold paths).
-pub(crate) fn read_node(store: &Store, txn: &RoTxn<'_, WithoutTls>, id: u32) -> Result<NodeRecord> {
+pub(crate) fn read_node(store: &Store, txn: &RoTxn, id: u32) -> Result<NodeRecord> {
     let b = store.dbs.nodes.get(txn, id).map_err(|e| store.err(e))?;
     b.and_then(NodeRecord::decode)
         .ok_or_else(|| Error::Corrupt { path: store.path.clone(), detail: format!("record of node {id} is missing") })
