@@ -4,7 +4,7 @@
 
 use shoal_proto::{NodeId, ShoalError, v1};
 
-use crate::model::{Collection, CollectionSpec, IndexParams, Metric};
+use crate::model::{Collection, CollectionSpec, FieldIndexSpec, FieldKind, IndexParams, Metric};
 
 impl TryFrom<i32> for Metric {
     type Error = ShoalError;
@@ -79,6 +79,50 @@ pub fn collection_info(c: &Collection, shards: Vec<v1::ShardInfo>) -> v1::Collec
         points,
         replication_factor: c.replication.factor,
         min_in_sync: c.replication.min_in_sync,
+        field_indexes: c.fields.iter().map(field_index_to_wire).collect(),
+    }
+}
+
+impl From<FieldKind> for v1::FieldType {
+    fn from(k: FieldKind) -> v1::FieldType {
+        match k {
+            FieldKind::Keyword => v1::FieldType::Keyword,
+            FieldKind::Integer => v1::FieldType::Integer,
+            FieldKind::Float => v1::FieldType::Float,
+            FieldKind::Bool => v1::FieldType::Bool,
+            FieldKind::Datetime => v1::FieldType::Datetime,
+        }
+    }
+}
+
+/// A field index as the wire carries it.
+pub fn field_index_to_wire(f: &FieldIndexSpec) -> v1::FieldIndex {
+    v1::FieldIndex { field: f.field.clone(), r#type: v1::FieldType::from(f.kind) as i32 }
+}
+
+impl TryFrom<v1::FieldIndex> for FieldIndexSpec {
+    type Error = ShoalError;
+
+    fn try_from(f: v1::FieldIndex) -> Result<FieldIndexSpec, ShoalError> {
+        let v1::FieldIndex { field, r#type } = f;
+        let kind = match v1::FieldType::try_from(r#type) {
+            Ok(v1::FieldType::Keyword) => FieldKind::Keyword,
+            Ok(v1::FieldType::Integer) => FieldKind::Integer,
+            Ok(v1::FieldType::Float) => FieldKind::Float,
+            Ok(v1::FieldType::Bool) => FieldKind::Bool,
+            Ok(v1::FieldType::Datetime) => FieldKind::Datetime,
+            Ok(v1::FieldType::Unspecified) | Err(_) => {
+                return Err(ShoalError::invalid(format!(
+                    "field index on {field:?}: type {type_} is not one of KEYWORD, INTEGER, FLOAT, BOOL, DATETIME",
+                    type_ = r#type
+                )));
+            }
+        };
+        let ok = !field.is_empty() && field.len() <= 255 && field.split('.').all(|s| !s.is_empty());
+        if !ok {
+            return Err(ShoalError::invalid(format!("field name {field:?} must be 1 to 255 bytes of dotted, non-empty segments")));
+        }
+        Ok(FieldIndexSpec { field, kind })
     }
 }
 

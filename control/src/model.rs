@@ -259,6 +259,42 @@ impl ShardPlacement {
     }
 }
 
+/// What a payload index holds (docs/filters.md): the engine's field
+/// types by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FieldKind {
+    Keyword,
+    Integer,
+    Float,
+    Bool,
+    Datetime,
+}
+
+impl FieldKind {
+    pub const ALL: [FieldKind; 5] = [FieldKind::Keyword, FieldKind::Integer, FieldKind::Float, FieldKind::Bool, FieldKind::Datetime];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FieldKind::Keyword => "keyword",
+            FieldKind::Integer => "integer",
+            FieldKind::Float => "float",
+            FieldKind::Bool => "bool",
+            FieldKind::Datetime => "datetime",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<FieldKind> {
+        FieldKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// A payload index every shard of a collection keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldIndexSpec {
+    pub field: String,
+    pub kind: FieldKind,
+}
+
 /// A collection and where each of its shards lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Collection {
@@ -267,6 +303,8 @@ pub struct Collection {
     pub replication: Replication,
     /// Shard i at index i.
     pub shards: Vec<ShardPlacement>,
+    /// Its payload indexes, by field name.
+    pub fields: Vec<FieldIndexSpec>,
 }
 
 impl Collection {

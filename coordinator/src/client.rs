@@ -149,4 +149,8 @@ impl ShardClient {
     forward!(apply_log_entries, v1::ApplyLogEntriesRequest, v1::ApplyLogEntriesResponse);
     forward!(digest_shard, v1::DigestShardRequest, v1::ShardDigest);
     forward!(vacuum_shard, v1::VacuumShardStepsRequest, v1::ShardVacuum);
+    forward!(count_shard, v1::CountShardRequest, v1::CountShardResponse);
+    forward!(scroll_shard, v1::ScrollShardRequest, v1::ScrollShardResponse);
+    forward!(create_field_index, v1::ShardFieldIndexRequest, v1::ShardStats);
+    forward!(drop_field_index, v1::DropShardFieldIndexRequest, v1::ShardStats);
 }

@@ -525,8 +525,10 @@ mod tests {
         let name = CollectionName::parse("docs").unwrap();
         let spec = CollectionSpec { dimension: 2, metric: Metric::Dot, index: Default::default(), shard_count: shards.len() as u32 };
         let mut v = View::default();
-        v.collections
-            .insert(name.clone(), Versioned { value: Collection { name, spec, replication: Default::default(), shards }, revision: 1 });
+        v.collections.insert(
+            name.clone(),
+            Versioned { value: Collection { name, spec, replication: Default::default(), shards, fields: Vec::new() }, revision: 1 },
+        );
         v.draining = draining.iter().map(|n| node(n)).collect();
         v
     }

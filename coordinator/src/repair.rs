@@ -326,7 +326,8 @@ mod tests {
         let spec = CollectionSpec { dimension: 2, metric: Metric::Dot, index: Default::default(), shard_count: shards.len() as u32 };
         let replication = Replication { factor, min_in_sync: 1 };
         let mut v = View::default();
-        v.collections.insert(name.clone(), Versioned { value: Collection { name, spec, replication, shards }, revision: 1 });
+        v.collections
+            .insert(name.clone(), Versioned { value: Collection { name, spec, replication, shards, fields: Vec::new() }, revision: 1 });
         for m in members {
             let mut member = Member::configured(node(m), format!("{m}:1"));
             member.state = NodeState::Serving;

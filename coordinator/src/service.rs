@@ -11,8 +11,9 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::auth::{Auth, Principal, Role};
-use crate::cluster::{Cluster, SearchQuery};
+use crate::cluster::{Cluster, DeleteFilter};
 use crate::error::Error;
+use crate::search::SearchQuery;
 
 /// Serves `shoal.v1.Shoal`.
 pub struct ShoalService {
@@ -194,9 +195,10 @@ impl Shoal for ShoalService {
     async fn delete(&self, r: Request<v1::DeleteRequest>) -> Result<Response<v1::WriteResponse>, Status> {
         self.allow(&r, Role::Write, Some(&r.get_ref().collection), "Delete")?;
         let caller = caller(&r);
-        let v1::DeleteRequest { collection, ids } = r.into_inner();
-        let span = tracing::info_span!("delete", collection = %collection, ids = ids.len());
-        let w = self.cluster.write(&collection, Vec::new(), ids, None, caller).instrument(span).await?;
+        let v1::DeleteRequest { collection, ids, filter, allow_unindexed } = r.into_inner();
+        let span = tracing::info_span!("delete", collection = %collection, ids = ids.len(), filtered = filter.is_some());
+        let delete_filter = filter.map(|filter| DeleteFilter { filter, allow_unindexed });
+        let w = self.cluster.write_where(&collection, Vec::new(), ids, delete_filter, None, caller).instrument(span).await?;
         Ok(Response::new(v1::WriteResponse { upserted: w.upserted, deleted: w.deleted, missing: w.missing }))
     }
 
@@ -209,28 +211,66 @@ impl Shoal for ShoalService {
     async fn search(&self, r: Request<v1::SearchRequest>) -> Result<Response<v1::SearchResponse>, Status> {
         self.allow(&r, Role::Read, Some(&r.get_ref().collection), "Search")?;
         let caller = caller(&r);
-        let v1::SearchRequest { collection, vector, k, ef, with_payload, allow_partial, timeout_ms } = r.into_inner();
-        let q = SearchQuery { collection, queries: vec![vector], k, ef, with_payload, allow_partial, timeout_ms };
+        let v1::SearchRequest { collection, vector, k, ef, with_payload, allow_partial, timeout_ms, filter, allow_unindexed } =
+            r.into_inner();
+        let q = SearchQuery { collection, queries: vec![vector], k, ef, with_payload, allow_partial, timeout_ms, filter, allow_unindexed };
         let span = tracing::info_span!("search", collection = %q.collection, queries = 1, k = q.k, ef = q.ef);
         let mut out = self.cluster.search_many(q, caller).instrument(span).await?;
         let hits = out.results.pop().ok_or_else(|| Error::Internal("search produced no result".into()))?;
-        self.fits(v1::SearchResponse { hits, shards_total: out.shards_total, shards_answered: out.shards_answered, partial: out.partial })
+        let explain = out.explain.pop().unwrap_or_default();
+        self.fits(v1::SearchResponse {
+            hits,
+            shards_total: out.shards_total,
+            shards_answered: out.shards_answered,
+            partial: out.partial,
+            explain,
+        })
     }
 
     async fn search_batch(&self, r: Request<v1::SearchBatchRequest>) -> Result<Response<v1::SearchBatchResponse>, Status> {
         self.allow(&r, Role::Read, Some(&r.get_ref().collection), "SearchBatch")?;
         let caller = caller(&r);
-        let v1::SearchBatchRequest { collection, queries, k, ef, with_payload, allow_partial, timeout_ms } = r.into_inner();
+        let v1::SearchBatchRequest { collection, queries, k, ef, with_payload, allow_partial, timeout_ms, filter, allow_unindexed } =
+            r.into_inner();
         let queries = queries.into_iter().map(|v| v.values).collect();
-        let q = SearchQuery { collection, queries, k, ef, with_payload, allow_partial, timeout_ms };
+        let q = SearchQuery { collection, queries, k, ef, with_payload, allow_partial, timeout_ms, filter, allow_unindexed };
         let span = tracing::info_span!("search", collection = %q.collection, queries = q.queries.len(), k = q.k, ef = q.ef);
         let out = self.cluster.search_many(q, caller).instrument(span).await?;
         self.fits(v1::SearchBatchResponse {
-            results: out.results.into_iter().map(|hits| v1::SearchResult { hits }).collect(),
+            results: out.results.into_iter().map(|hits| v1::SearchResult { hits, explain: None }).collect(),
             shards_total: out.shards_total,
             shards_answered: out.shards_answered,
             partial: out.partial,
+            explain: out.explain.into_iter().map(|shards| v1::QueryExplain { shards }).collect(),
         })
+    }
+
+    async fn count(&self, r: Request<v1::CountRequest>) -> Result<Response<v1::CountResponse>, Status> {
+        self.allow(&r, Role::Read, Some(&r.get_ref().collection), "Count")?;
+        let caller = caller(&r);
+        let req = r.into_inner();
+        let span = tracing::info_span!("count", collection = %req.collection, filtered = req.filter.is_some());
+        Ok(Response::new(self.cluster.count(req, caller).instrument(span).await?))
+    }
+
+    async fn scroll(&self, r: Request<v1::ScrollRequest>) -> Result<Response<v1::ScrollResponse>, Status> {
+        self.allow(&r, Role::Read, Some(&r.get_ref().collection), "Scroll")?;
+        let caller = caller(&r);
+        let req = r.into_inner();
+        let span = tracing::info_span!("scroll", collection = %req.collection, limit = req.limit);
+        self.fits(self.cluster.scroll(req, caller).instrument(span).await?)
+    }
+
+    async fn create_field_index(&self, r: Request<v1::CreateFieldIndexRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
+        self.allow(&r, Role::Admin, Some(&r.get_ref().collection), "CreateFieldIndex")?;
+        let caller = caller(&r);
+        Ok(Response::new(self.cluster.create_field_index(r.into_inner(), caller).await?))
+    }
+
+    async fn drop_field_index(&self, r: Request<v1::DropFieldIndexRequest>) -> Result<Response<v1::CollectionInfo>, Status> {
+        self.allow(&r, Role::Admin, Some(&r.get_ref().collection), "DropFieldIndex")?;
+        let caller = caller(&r);
+        Ok(Response::new(self.cluster.drop_field_index(r.into_inner(), caller).await?))
     }
 
     async fn cluster_status(&self, r: Request<v1::ClusterStatusRequest>) -> Result<Response<v1::ClusterStatusResponse>, Status> {

@@ -192,7 +192,10 @@ impl Cluster {
                 // Each shard at the epoch its snapshot carries (writes
                 // stamped lower would be refused).
                 let shards = placement.into_iter().zip(&restored_stats).map(|(node, s)| ShardPlacement::at(node, s.epoch.max(1))).collect();
-                let c = Collection { name: name.clone(), spec, replication: Default::default(), shards };
+                // The indexes the snapshots carry (every shard's, in case
+                // one was taken before an index was declared).
+                let fields = shared_fields(&restored_stats);
+                let c = Collection { name: name.clone(), spec, replication: Default::default(), shards, fields };
                 match self.meta.create_collection(c).await {
                     Ok(_) | Err(MetaError::AlreadyExists(_)) => {}
                     Err(e) => return Err(Error::from(e).context(format!("restored {name}, but could not record it"))),
@@ -251,6 +254,24 @@ impl Cluster {
         }
         Err(last.unwrap_or(Error::NoNodes))
     }
+}
+
+/// The field indexes every one of `stats` holds.
+fn shared_fields(stats: &[v1::ShardStats]) -> Vec<shoal_control::model::FieldIndexSpec> {
+    let of = |s: &v1::ShardStats| -> Vec<shoal_control::model::FieldIndexSpec> {
+        s.field_indexes
+            .iter()
+            .filter_map(|f| {
+                shoal_control::model::FieldIndexSpec::try_from(v1::FieldIndex { field: f.field.clone(), r#type: f.r#type }).ok()
+            })
+            .collect()
+    };
+    let mut fields = stats.first().map(of).unwrap_or_default();
+    for s in stats.iter().skip(1) {
+        let theirs = of(s);
+        fields.retain(|f| theirs.contains(f));
+    }
+    fields
 }
 
 #[cfg(test)]

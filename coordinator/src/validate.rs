@@ -71,10 +71,11 @@ pub fn vector(v: &[f32], spec: &CollectionSpec, what: impl Display) -> Result<()
     Ok(())
 }
 
-/// Points and deletes of a write.
-pub fn write(points: &[v1::Point], deletes: &[u64], spec: &CollectionSpec, limits: &Limits) -> Result<()> {
-    if points.is_empty() && deletes.is_empty() {
-        return Err(Error::Invalid("batch is empty: it has no points and no deletes".into()));
+/// Points and deletes of a write (`filtered`: it also deletes by filter,
+/// and may then hold nothing else).
+pub fn write(points: &[v1::Point], deletes: &[u64], filtered: bool, spec: &CollectionSpec, limits: &Limits) -> Result<()> {
+    if points.is_empty() && deletes.is_empty() && !filtered {
+        return Err(Error::Invalid("batch is empty: it has no points, no deletes and no delete filter".into()));
     }
     if points.len() + deletes.len() > limits.max_batch_ops {
         return Err(Error::Invalid(format!(
@@ -205,7 +206,7 @@ mod tests {
             let spec = CollectionSpec { dimension: dim, metric, index: Default::default(), shard_count: 1 };
             let limits = Limits { max_payload_bytes: 256, ..Limits::default() };
             let points: Vec<v1::Point> = points.into_iter().map(|(id, vector, payload)| v1::Point { id, vector, payload }).collect();
-            if write(&points, &deletes, &spec, &limits).is_ok() {
+            if write(&points, &deletes, false, &spec, &limits).is_ok() {
                 for p in &points {
                     prop_assert_eq!(p.vector.len(), dim as usize);
                     prop_assert!(p.vector.iter().all(|x| x.is_finite()));
@@ -242,10 +243,11 @@ mod tests {
     fn writes_and_searches_are_bounded() {
         let s = spec(Metric::Dot);
         let l = Limits::default();
-        assert!(write(&[], &[], &s, &l).unwrap_err().to_string().contains("empty"));
+        assert!(write(&[], &[], false, &s, &l).unwrap_err().to_string().contains("empty"));
+        assert!(write(&[], &[], true, &s, &l).is_ok(), "a delete by filter alone is a write");
         let bad_json =
             v1::Point { id: 1, vector: vec![1.0; 3], payload: Some(v1::Payload { kind: Some(v1::payload::Kind::Json("{oops".into())) }) };
-        assert!(write(&[bad_json], &[], &s, &l).unwrap_err().to_string().contains("not valid JSON"));
+        assert!(write(&[bad_json], &[], false, &s, &l).unwrap_err().to_string().contains("not valid JSON"));
         assert_eq!(search_params(10, 0, &l).unwrap(), 64);
         assert_eq!(search_params(100, 0, &l).unwrap(), 200);
         assert_eq!(search_params(10, 5, &l).unwrap(), 10);

@@ -111,7 +111,7 @@ async fn run_async(a: Args) -> Result<()> {
                 source: format!("stream-{s}"),
                 offset: o as u64,
                 points,
-                deletes: vec![],
+                ..Default::default()
             });
         }
         let mut c = client.clone();

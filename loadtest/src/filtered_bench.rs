@@ -31,14 +31,14 @@ const INDEXES: [(&str, FieldType); 3] = [("tags", FieldType::Keyword), ("rand", 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
     /// Dataset folder: base.fvecs, query.fvecs, payload.jsonl, filters.json,
-    /// groundtruth-<case>.ivecs (and groundtruth.ivecs for the unfiltered
+    /// `groundtruth-<case>.ivecs` (and groundtruth.ivecs for the unfiltered
     /// reference).
     #[arg(long)]
     dir: PathBuf,
     /// Query vectors (default DIR/query.fvecs).
     #[arg(long)]
     queries: Option<PathBuf>,
-    /// Folder of groundtruth-<case>.ivecs (default DIR).
+    /// Folder of `groundtruth-<case>.ivecs` (default DIR).
     #[arg(long)]
     groundtruth_dir: Option<PathBuf>,
     /// Case list (default GROUNDTRUTH_DIR/filters.json).

@@ -264,7 +264,7 @@ async fn hung(a: &Args, dir: &Path) -> Result<Value> {
         source: "job".into(),
         offset: 0,
         points: random_points(&mut rng, 16, 3_000..3_010),
-        deletes: vec![],
+        ..Default::default()
     };
     let mut ic = c.clone();
     let (t, r) = timed(async move {

@@ -479,7 +479,8 @@ async fn drive(
         for (n, chunk) in data.base.chunks(500).enumerate() {
             let points =
                 chunk.iter().enumerate().map(|(j, v)| v1::Point { id: (n * 500 + j) as u64, vector: v.clone(), payload: None }).collect();
-            let req = v1::IngestRequest { collection: name.into(), source: "base".into(), offset: n as u64 + 1, points, deletes: vec![] };
+            let req =
+                v1::IngestRequest { collection: name.into(), source: "base".into(), offset: n as u64 + 1, points, ..Default::default() };
             let mut acks = admin.ingest(tokio_stream::iter(vec![req])).await?.into_inner();
             acks.message().await?.context("no ack for a base batch")?;
         }
@@ -558,7 +559,7 @@ async fn ingest_stream(
             .enumerate()
             .map(|(j, vector)| v1::Point { id: first_id + j as u64, vector, payload: None })
             .collect();
-        let req = v1::IngestRequest { collection: "chaos".into(), source: format!("stream-{s}"), offset, points, deletes: vec![] };
+        let req = v1::IngestRequest { collection: "chaos".into(), source: format!("stream-{s}"), offset, points, ..Default::default() };
         let first_sent = started.elapsed();
         // Until acknowledged: the same offset again is applied at most once.
         let deadline = Instant::now() + Duration::from_secs(120);

@@ -87,7 +87,7 @@ async fn drive(cluster: &EmbeddedCluster, data: &DemoData, args: &DemoArgs) -> a
             source: SOURCE.into(),
             offset: offset as u64,
             points: chunk.iter().map(to_point).collect(),
-            deletes: Vec::new(),
+            ..Default::default()
         })
         .collect();
     let n_batches = batches.len();
@@ -124,6 +124,7 @@ async fn drive(cluster: &EmbeddedCluster, data: &DemoData, args: &DemoArgs) -> a
                 with_payload: qi < args.show,
                 allow_partial: false,
                 timeout_ms: 0,
+                ..Default::default()
             })
             .await?
             .into_inner();
@@ -218,7 +219,14 @@ async fn compare_restored(
         offsets.join(" ")
     );
     let queries: Vec<v1::Vector> = data.queries.iter().map(|q| v1::Vector { values: q.vector.clone() }).collect();
-    let search = |queries: Vec<v1::Vector>| v1::SearchShardRequest { shard: shard_id(), queries, k: K as u32, ef: 64, with_payload: true };
+    let search = |queries: Vec<v1::Vector>| v1::SearchShardRequest {
+        shard: shard_id(),
+        queries,
+        k: K as u32,
+        ef: 64,
+        with_payload: true,
+        ..Default::default()
+    };
     let a = old.search_shard(search(queries.clone())).await?.into_inner().results;
     let b = new.search_shard(search(queries)).await?.into_inner().results;
     let same_hits = a.iter().zip(&b).filter(|(x, y)| x == y).count();

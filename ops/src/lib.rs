@@ -12,6 +12,7 @@ pub mod demo_data;
 pub mod embedded;
 pub mod ingest;
 pub mod placement;
+pub mod points;
 pub mod procs;
 pub mod security;
 pub mod snapshots;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use shoal_ops::embedded::{EmbeddedCluster, EmbeddedConfig};
-use shoal_ops::{ctl, demo, placement, snapshots, top};
+use shoal_ops::{ctl, demo, placement, points, snapshots, top};
 use shoal_proto::v1;
 
 #[derive(Parser)]
@@ -93,6 +93,19 @@ enum Command {
     /// Manage collections.
     #[command(subcommand)]
     Collections(Collections),
+    /// The nearest points to a vector (or to a stored point), optionally
+    /// among those matching a filter (docs/filters.md).
+    Search(points::SearchArgs),
+    /// How many points match a filter, exactly.
+    Count(points::CountArgs),
+    /// The points matching a filter in id order, as JSON lines: a page,
+    /// or every page with --all (an export).
+    Scroll(points::ScrollArgs),
+    /// Delete points by id, or every point matching a filter.
+    Delete(points::DeleteArgs),
+    /// Payload indexes: create, drop, list (docs/filters.md).
+    #[command(subcommand)]
+    Index(points::IndexCommand),
     /// Snapshots to object storage: create, list, restore, prune.
     #[command(subcommand)]
     Snapshot(snapshots::SnapshotCommand),
@@ -196,6 +209,10 @@ enum Collections {
         /// Below this many in-sync copies a write is refused (retry hint).
         #[arg(long, default_value_t = 1)]
         min_in_sync: u32,
+        /// A payload index, as field:type (keyword, integer, float, bool,
+        /// datetime); repeat for more.
+        #[arg(long = "index", value_name = "FIELD:TYPE")]
+        indexes: Vec<String>,
     },
     Drop {
         name: String,
@@ -313,6 +330,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Collections(c) => collections(&cli.endpoint, c).await,
         Command::Ingest(a) => shoal_ops::ingest::run(&cli.endpoint, a).await.map(|_| ()),
+        Command::Search(a) => points::search(&cli.endpoint, a).await,
+        Command::Count(a) => points::count(&cli.endpoint, a).await,
+        Command::Scroll(a) => points::scroll(&cli.endpoint, a).await,
+        Command::Delete(a) => points::delete(&cli.endpoint, a).await,
+        Command::Index(c) => points::index(&cli.endpoint, c).await,
         Command::Snapshot(c) => snapshots::run(&cli.endpoint, c).await,
         Command::Node(c) => placement::node(&cli.endpoint, c).await,
         Command::Shard(c) => placement::shard(&cli.endpoint, c).await,
@@ -425,12 +447,25 @@ async fn collections(endpoint: &str, c: Collections) -> anyhow::Result<()> {
             let c = client.describe_collection(v1::DescribeCollectionRequest { name }).await?.into_inner();
             ctl::print_collection(&c);
         }
-        Collections::Create { name, dimension, metric, shards, m, ef_construction, replication_factor, min_in_sync } => {
+        Collections::Create { name, dimension, metric, shards, m, ef_construction, replication_factor, min_in_sync, indexes } => {
             let metric = ctl::parse_metric(&metric)? as i32;
             let index = Some(v1::IndexParams { m, ef_construction });
-            let req = v1::CreateCollectionRequest { name, dimension, metric, shard_count: shards, index, replication_factor, min_in_sync };
+            let field_indexes = indexes.iter().map(|s| points::parse_index(s)).collect::<anyhow::Result<_>>()?;
+            let req = v1::CreateCollectionRequest {
+                name,
+                dimension,
+                metric,
+                shard_count: shards,
+                index,
+                replication_factor,
+                min_in_sync,
+                field_indexes,
+            };
             let c = client.create_collection(req).await?.into_inner();
             ctl::print_collection(&c);
+            if !c.field_indexes.is_empty() {
+                points::print_indexes(&c);
+            }
         }
         Collections::SetReplication { name, replication_factor, min_in_sync, no_wait } => {
             let req = v1::SetReplicationRequest { collection: name, replication_factor, min_in_sync, wait: !no_wait };

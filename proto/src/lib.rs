@@ -31,6 +31,20 @@ pub fn default_ef(k: u32) -> u32 {
     k.saturating_mul(2).max(64)
 }
 
+/// Most points one scroll page holds.
+pub const MAX_SCROLL_LIMIT: u32 = 10_000;
+/// Points a scroll page holds when the request leaves its limit at 0.
+pub const DEFAULT_SCROLL_LIMIT: u32 = 100;
+
+/// The page size a scroll asks for (0: the default), checked.
+pub fn scroll_limit(limit: u32) -> Result<u32, ShoalError> {
+    match limit {
+        0 => Ok(DEFAULT_SCROLL_LIMIT),
+        l if l <= MAX_SCROLL_LIMIT => Ok(l),
+        l => Err(ShoalError::invalid(format!("limit must be between 1 and {MAX_SCROLL_LIMIT}, got {l}"))),
+    }
+}
+
 /// The shard of point `id` among `shards`: a fixed 64-bit mix of the id
 /// (SplitMix64's finaliser, which spreads sequential ids evenly) reduced
 /// with Lemire's multiply-shift. Part of the on-disk contract: changing it

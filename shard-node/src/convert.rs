@@ -86,6 +86,7 @@ pub(crate) fn engine_error(e: EngineError) -> ShoalError {
         // The caller must re-read something first: the placement, the
         // copy's last_seq, or re-seed from a snapshot (the message says).
         EngineError::StaleEpoch { .. }
+        | EngineError::FieldIndexBuilding { .. }
         | EngineError::EpochLowered { .. }
         | EngineError::LogGap { .. }
         | EngineError::LogTruncated { .. }

@@ -281,7 +281,11 @@ impl ShardHost {
     /// epoch to the request's if that is higher. A create that fails leaves
     /// nothing behind.
     pub async fn create_shard(&self, req: v1::CreateShardRequest) -> Result<v1::ShardStats, ShoalError> {
-        let v1::CreateShardRequest { shard, spec, epoch } = req;
+        let v1::CreateShardRequest { shard, spec, epoch, field_indexes } = req;
+        let fields = field_indexes
+            .into_iter()
+            .map(|f| Ok((f.field, shoal_filter::wire::field_type_from_proto(f.r#type)?)))
+            .collect::<Result<Vec<_>, ShoalError>>()?;
         let epoch = epoch.max(1);
         let key = key_of(shard)?;
         let spec = spec.ok_or_else(|| ShoalError::invalid("shard spec is missing"))?;
@@ -310,6 +314,7 @@ impl ShardHost {
             if existing.index.stats().map_err(engine_error)?.epoch < epoch {
                 existing.submit(&key, Work::Write(Write::Fence { epoch })).await?;
             }
+            self.declare_fields(&key, &existing, fields).await?;
             return self.stats_of(&key, &existing).await;
         }
         let Some(_place) = self.reserve(&key)? else {
@@ -320,7 +325,15 @@ impl ShardHost {
         };
         let dir = self.dir(&key);
         let opts = self.engine.clone();
-        let index = blocking(move || create_in(&dir, params, epoch, opts, shard_count)).await?;
+        let index = blocking(move || {
+            let index = create_in(&dir, params, epoch, opts, shard_count)?;
+            // On the empty shard: ready at once, before any point arrives.
+            for (field, kind) in &fields {
+                index.create_field_index(field, *kind).map_err(engine_error)?;
+            }
+            Ok(index)
+        })
+        .await?;
         let shard = self.insert(key.clone(), index, shard_count);
         self.stats_of(&key, &shard).await
     }
@@ -378,11 +391,14 @@ impl ShardHost {
     /// epoch is below the shard's is refused with FAILED_PRECONDITION; 0
     /// is an unfenced caller.
     pub async fn apply(&self, req: v1::ApplyBatchRequest) -> Result<v1::ApplyBatchResponse, ShoalError> {
-        let v1::ApplyBatchRequest { shard, source, points, deletes, epoch, return_entry } = req;
+        let v1::ApplyBatchRequest { shard, source, points, deletes, epoch, return_entry, delete_filter, allow_unindexed } = req;
         let key = key_of(shard)?;
         let target = self.get(&key)?;
         crate::admit::batch(&key, target.shard_count, &points, &deletes)?;
-        let mut ops = Vec::with_capacity(points.len() + deletes.len());
+        let mut ops = Vec::with_capacity(points.len() + deletes.len() + 1);
+        if let Some(f) = delete_filter {
+            ops.push(Op::DeleteWhere { filter: shoal_filter::wire::from_proto(f)?, allow_unindexed });
+        }
         for v1::Point { id, vector, payload } in points {
             ops.push(Op::Upsert(Point { id, vector, payload: payload_to_engine(payload) }));
         }
@@ -447,11 +463,30 @@ impl ShardHost {
     pub(crate) async fn search(&self, req: v1::SearchShardRequest, caller: Caller) -> Result<v1::SearchShardResponse, ShoalError> {
         let key = key_of(req.shard.clone())?;
         let target = self.get(&key)?;
-        let span = tracing::info_span!("search", collection = %key.0, shard = key.1, queries = req.queries.len(), k = req.k, ef = req.ef);
+        let span = tracing::info_span!(
+            "search",
+            collection = %key.0,
+            shard = key.1,
+            queries = req.queries.len(),
+            k = req.k,
+            ef = req.ef,
+            filtered = req.filter.is_some(),
+            plan = tracing::field::Empty,
+            compared = tracing::field::Empty
+        );
         let started = std::time::Instant::now();
-        let results = self.searches.run(Arc::clone(&target.index), req, caller).instrument(span).await;
-        crate::metrics::get().search_duration.record(started.elapsed().as_secs_f64(), &crate::metrics::labels(&key));
+        let results = self.searches.run(Arc::clone(&target.index), req, caller).instrument(span.clone()).await;
+        let m = crate::metrics::get();
+        m.search_duration.record(started.elapsed().as_secs_f64(), &crate::metrics::labels(&key));
         let results = results.map_err(shard_error(&key))?;
+        let explained: Vec<&v1::Explain> = results.iter().filter_map(|r| r.explain.as_ref()).collect();
+        for e in &explained {
+            m.search_plans.add(1, &crate::metrics::plan_labels(&key, &e.plan));
+        }
+        if let Some(first) = explained.first() {
+            span.record("plan", first.plan.as_str());
+            span.record("compared", explained.iter().map(|e| e.compared).sum::<u64>());
+        }
         Ok(v1::SearchShardResponse { results })
     }
 
@@ -500,6 +535,7 @@ impl ShardHost {
                 offsets: offsets.into_iter().map(|(source, offset)| v1::SourceOffset { source, offset }).collect(),
                 epoch: snap.epoch(),
                 last_seq: snap.last_seq(),
+                index_mismatches: digest.index_mismatches,
             })
         })
         .await
@@ -580,6 +616,8 @@ impl ShardHost {
         blocking(move || {
             let stats = index.stats().map_err(engine_error)?;
             let offsets = index.offsets().map_err(engine_error)?;
+            let field_indexes =
+                index.field_indexes().map_err(engine_error)?.into_iter().map(crate::filters::field_state_to_proto).collect();
             Ok(v1::ShardStats {
                 shard: Some(v1::ShardId { collection: key.0.to_string(), shard: key.1 }),
                 spec: Some(params_to_spec(&stats.params, shard_count)),
@@ -592,6 +630,7 @@ impl ShardHost {
                 last_seq: stats.last_seq,
                 log_first_seq: stats.batch_log_first_seq,
                 log_bytes: stats.batch_log_bytes,
+                field_indexes,
             })
         })
         .await

@@ -30,6 +30,10 @@ pub(crate) struct NodeMetrics {
     pub(crate) points_deleted: Counter<u64>,
     /// Tombstones unlinked and reclaimed by vacuum steps.
     pub(crate) vacuumed: Counter<u64>,
+    /// Searches by the plan a shard ran (label `plan`, see `Explain`).
+    pub(crate) search_plans: Counter<u64>,
+    /// Points field index builds indexed.
+    pub(crate) field_index_built: Counter<u64>,
     /// Link lists idle folds moved from the link log into their blocks.
     pub(crate) folded_lists: Counter<u64>,
     /// Bytes of data files snapshotted or restored, and how long it took.
@@ -39,6 +43,12 @@ pub(crate) struct NodeMetrics {
     /// waited for each (the copy; searches wait only for the swap).
     pub(crate) compacted_bytes: Counter<u64>,
     pub(crate) compact_duration: Histogram<f64>,
+}
+
+/// The labels of a shard's searches run with `plan`.
+pub(crate) fn plan_labels(key: &ShardKey, plan: &str) -> [KeyValue; 3] {
+    let [c, s] = labels(key);
+    [c, s, KeyValue::new("plan", plan.to_owned())]
 }
 
 /// The labels of a shard.
@@ -62,6 +72,14 @@ pub(crate) fn get() -> &'static NodeMetrics {
             queue_wait: seconds("shoal.shard.queue.wait", "A batch part's wait in its shard's writer queue"),
             points_upserted: m.u64_counter("shoal.shard.points.upserted").with_description("Points upserted by committed batches").build(),
             points_deleted: m.u64_counter("shoal.shard.points.deleted").with_description("Points deleted by committed batches").build(),
+            search_plans: m
+                .u64_counter("shoal.shard.search.plans")
+                .with_description("Queries a shard answered, by the plan it ran (graph, exact, scan, filtered_graph, empty)")
+                .build(),
+            field_index_built: m
+                .u64_counter("shoal.shard.field_index.built")
+                .with_description("Ids an online field index build went over")
+                .build(),
             vacuumed: m
                 .u64_counter("shoal.shard.vacuumed")
                 .with_description("Tombstones a shard's vacuum unlinked from the graph and reclaimed")

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use shoal_engine::{Index, MAX_EF, MAX_K, SearchParams, Stop};
+use shoal_engine::{Filter, Index, MAX_EF, MAX_K, SearchParams, Stop, Where};
 use shoal_proto::{ErrorCode, ShoalError, v1};
 use tokio::sync::Semaphore;
 
@@ -86,6 +86,9 @@ impl Caller {
 struct Checked {
     queries: Vec<Vec<f32>>,
     params: SearchParams,
+    /// The filter, if the request has one.
+    filter: Option<Filter>,
+    allow_unindexed: bool,
 }
 
 impl Searches {
@@ -139,7 +142,7 @@ impl Searches {
     /// Everything about the request that can be wrong, in the order a
     /// caller should fix it: the queries first, then k and ef, then size.
     fn check(&self, index: &Index, req: v1::SearchShardRequest) -> Result<Checked, ShoalError> {
-        let v1::SearchShardRequest { shard: _, queries, k, ef, with_payload } = req;
+        let v1::SearchShardRequest { shard: _, queries, k, ef, with_payload, filter, allow_unindexed } = req;
         if queries.is_empty() || queries.len() > self.max_queries {
             return Err(ShoalError::invalid(format!("a search takes 1 to {} query vectors, got {}", self.max_queries, queries.len())));
         }
@@ -163,7 +166,8 @@ impl Searches {
             return Err(too_many_hits(n, k, self.max_hits));
         }
         let ef = if ef == 0 { shoal_proto::default_ef(k) } else { ef.max(k) };
-        Ok(Checked { queries, params: SearchParams { k: k as usize, ef: ef as usize, with_payload } })
+        let filter = filter.map(shoal_filter::wire::from_proto).transpose()?;
+        Ok(Checked { queries, params: SearchParams { k: k as usize, ef: ef as usize, with_payload }, filter, allow_unindexed })
     }
 }
 
@@ -184,13 +188,22 @@ fn answer(index: &Index, c: &Checked, caller: &Caller, max_bytes: usize) -> Resu
     let mut out = Vec::with_capacity(c.queries.len());
     let mut bytes = 0usize;
     for (i, q) in c.queries.iter().enumerate() {
-        let hits = match index.search_until(q, c.params, &stop) {
-            Ok(hits) => hits,
+        let found = match &c.filter {
+            Some(filter) => index.search_where(q, c.params, Where { filter, allow_unindexed: c.allow_unindexed }, &stop),
+            None => index.search_with(q, c.params, &stop),
+        };
+        let found = match found {
+            Ok(found) => found,
             Err(shoal_engine::Error::Stopped { .. }) => return Err(stopped_error(caller, i, c.queries.len())),
             Err(e) => return Err(engine_error(e)),
         };
         let result = v1::SearchResult {
-            hits: hits.into_iter().map(|h| v1::Hit { id: h.id, distance: h.distance, payload: payload_from_engine(h.payload) }).collect(),
+            hits: found
+                .hits
+                .into_iter()
+                .map(|h| v1::Hit { id: h.id, distance: h.distance, payload: payload_from_engine(h.payload) })
+                .collect(),
+            explain: Some(crate::filters::explain_to_proto(found.explain)),
         };
         bytes += result.encoded_len() + 8;
         if bytes > max_bytes {

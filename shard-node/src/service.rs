@@ -89,6 +89,22 @@ impl ShardNode for ShardNodeService {
         Ok(Response::new(self.host.apply_log_entries(r.into_inner()).await?))
     }
 
+    async fn count_shard(&self, r: Request<v1::CountShardRequest>) -> Result<Response<v1::CountShardResponse>, Status> {
+        Ok(Response::new(self.host.count(r.into_inner()).await?))
+    }
+
+    async fn scroll_shard(&self, r: Request<v1::ScrollShardRequest>) -> Result<Response<v1::ScrollShardResponse>, Status> {
+        Ok(Response::new(self.host.scroll(r.into_inner()).await?))
+    }
+
+    async fn create_field_index(&self, r: Request<v1::ShardFieldIndexRequest>) -> Result<Response<v1::ShardStats>, Status> {
+        Ok(Response::new(self.host.create_field_index(r.into_inner()).await?))
+    }
+
+    async fn drop_field_index(&self, r: Request<v1::DropShardFieldIndexRequest>) -> Result<Response<v1::ShardStats>, Status> {
+        Ok(Response::new(self.host.drop_field_index(r.into_inner()).await?))
+    }
+
     async fn get_snapshot_progress(
         &self,
         _: Request<v1::SnapshotProgressRequest>,

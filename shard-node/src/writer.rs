@@ -75,6 +75,9 @@ pub(crate) enum Work {
     /// One vacuum step of up to `max` tombstones, in a transaction of its
     /// own (`shoalctl shard vacuum`).
     Vacuum { max: usize },
+    /// Nothing: wakes an idle writer so that it looks for idle work (a
+    /// field index just declared, whose build it then runs).
+    Wake,
 }
 
 impl Work {
@@ -84,6 +87,7 @@ impl Work {
             Work::Write(Write::Fence { .. }) => 1,
             Work::Log { entries, .. } => entries.iter().map(|e| e.points.len() + e.deletes.len()).sum(),
             Work::Vacuum { max } => *max,
+            Work::Wake => 0,
         }
     }
 }
@@ -93,6 +97,7 @@ pub(crate) enum Answer {
     Written(Written),
     Log(LogApplied),
     Vacuumed(VacuumOutcome),
+    Woken,
 }
 
 /// Why a job was not done.
@@ -174,8 +179,12 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
                 Ok(job) => job,
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    // Idle: a vacuum step if one is due, then look again
-                    // (writes that came meanwhile go first).
+                    // Idle: a step of a field index build, then a vacuum
+                    // step if one is due, then look again (writes that
+                    // came meanwhile go first).
+                    if index.field_index_building() && build_step(&index, &labels).await {
+                        continue;
+                    }
                     if opts.vacuum_step > 0 && idle_vacuum(&index, opts.vacuum_step, &labels).await {
                         continue;
                     }
@@ -217,7 +226,7 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
         let mut jobs = vec![first];
         while matches!(jobs[0].work, Work::Write(_)) && jobs.len() < opts.max_group_parts && ops < opts.max_group_ops {
             match rx.try_recv() {
-                Ok(job) if matches!(job.work, Work::Log { .. } | Work::Vacuum { .. }) => {
+                Ok(job) if matches!(job.work, Work::Log { .. } | Work::Vacuum { .. } | Work::Wake) => {
                     held = Some(job);
                     break;
                 }
@@ -242,8 +251,8 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
         }
         let started = Instant::now();
         let (works, replies): (Vec<Work>, Vec<_>) = jobs.into_iter().map(|j| (j.work, j.reply)).unzip();
-        let index = Arc::clone(&index);
-        let result = tokio::task::spawn_blocking(move || group.in_scope(|| commit(&index, works))).in_current_span().await;
+        let committing = Arc::clone(&index);
+        let result = tokio::task::spawn_blocking(move || group.in_scope(|| commit(&committing, works))).in_current_span().await;
         m.commit_duration.record(started.elapsed().as_secs_f64(), &labels);
         match result {
             Ok(Ok(answers)) => {
@@ -266,6 +275,46 @@ async fn run(index: Arc<Index>, mut rx: mpsc::Receiver<Job>, opts: WriterOptions
                     let _ = reply.send(Err(Failure::Service(e.clone())));
                 }
             }
+        }
+        // A build goes on under a steady stream of writes too: a step
+        // after each group, never two groups without one.
+        if index.field_index_building() {
+            build_step(&index, &labels).await;
+        }
+    }
+}
+
+/// Ids one step of a field index build goes over: about 10 ms of payloads
+/// to read and index, what a batch waits at most behind it.
+const BUILD_STEP_IDS: u32 = 10_000;
+
+/// One step of the online build of a field index; true if it indexed
+/// anything. A failure is logged (the index stays not ready, and filters
+/// on it are refused; the next step tries again).
+async fn build_step(index: &Arc<Index>, labels: &[KeyValue; 2]) -> bool {
+    let index = Arc::clone(index);
+    let span = tracing::info_span!("field_index_build_step");
+    let result = tokio::task::spawn_blocking(move || {
+        let _in = span.enter();
+        index.build_field_indexes(BUILD_STEP_IDS)
+    })
+    .await;
+    match result {
+        Ok(Ok(Some(step))) => {
+            metrics::get().field_index_built.add(u64::from(BUILD_STEP_IDS.min(step.of)), labels);
+            if step.done {
+                tracing::info!(field = %step.field, points = step.of, "field index built");
+            }
+            true
+        }
+        Ok(Ok(None)) => false,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "field index build step failed");
+            false
+        }
+        Err(join) => {
+            tracing::error!(error = %join, "field index build step panicked");
+            false
         }
     }
 }
@@ -390,6 +439,7 @@ fn commit(index: &Index, works: Vec<Work>) -> Result<Vec<Result<Answer, Failure>
             Work::Vacuum { max } => {
                 return Ok(vec![index.vacuum(max).map(Answer::Vacuumed).map_err(Failure::Refused)]);
             }
+            Work::Wake => return Ok(vec![Ok(Answer::Woken)]),
         }
     }
     let outcomes = index.write(writes).map_err(engine_error)?;

@@ -77,6 +77,7 @@ pub fn collection(n: &str, nodes: &[&str]) -> Collection {
         spec: CollectionSpec { dimension: 8, metric: Metric::Cosine, index: Default::default(), shard_count: nodes.len() as u32 },
         replication: Default::default(),
         shards: nodes.iter().map(|id| ShardPlacement::on(node(id))).collect(),
+        fields: Vec::new(),
     }
 }
 

@@ -149,6 +149,7 @@ mod tests {
             spec,
             replication: Default::default(),
             shards: first.into_iter().map(ShardPlacement::on).collect(),
+            fields: Vec::new(),
         }];
         let second: Vec<String> = place(2, &members, &existing).iter().map(ToString::to_string).collect();
         assert_eq!(second, ["n1", "n2"]);
@@ -161,7 +162,7 @@ mod tests {
     fn collection(name: &str, nodes: &[&str]) -> Collection {
         let spec = CollectionSpec { dimension: 2, metric: Metric::Dot, index: Default::default(), shard_count: nodes.len() as u32 };
         let shards = nodes.iter().map(|n| ShardPlacement::on(NodeId::parse(n).unwrap())).collect();
-        Collection { name: CollectionName::parse(name).unwrap(), spec, replication: Default::default(), shards }
+        Collection { name: CollectionName::parse(name).unwrap(), spec, replication: Default::default(), shards, fields: Vec::new() }
     }
 
     #[test]

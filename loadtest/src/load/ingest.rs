@@ -240,8 +240,13 @@ async fn stream(s: usize, clients: Clients, collection: String, data: Arc<Data>,
                         .map(|id| v1::Point { id, vector: data.base.row(id as usize).expect("row within the data"), payload: None })
                         .collect();
                     let off = offset.fetch_add(1, Ordering::Relaxed);
-                    let req =
-                        v1::IngestRequest { collection: collection.clone(), source: source.clone(), offset: off, points, deletes: vec![] };
+                    let req = v1::IngestRequest {
+                        collection: collection.clone(),
+                        source: source.clone(),
+                        offset: off,
+                        points,
+                        ..Default::default()
+                    };
                     pending.lock().push_back(Pending { offset: off, intended, _slot: slot });
                     rec.sent(Instant::now().saturating_duration_since(intended));
                     tokio::select! {

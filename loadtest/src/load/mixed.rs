@@ -213,7 +213,7 @@ async fn deletes(ctx: &Ctx, rate: f64, end: Instant, loaded: u64, max_in_flight:
     let ids = Arc::new(ids);
     let bound = Bound { end: Some(end), count: Some(ids.len() as u64) };
     let op = move |i: u64| {
-        let req = v1::DeleteRequest { collection: collection.clone(), ids: vec![ids[i as usize]] };
+        let req = v1::DeleteRequest { collection: collection.clone(), ids: vec![ids[i as usize]], ..Default::default() };
         let mut c = clients.next();
         async move {
             match tokio::time::timeout(limit, c.delete(req)).await {

@@ -113,6 +113,7 @@ pub(crate) async fn queries(ctx: &Ctx, plan: &Plan, start: Instant, rec: Arc<Rec
             with_payload: false,
             allow_partial: p.allow_partial,
             timeout_ms: p.timeout_ms,
+            ..Default::default()
         };
         let mut c = clients.next();
         let (data, k) = (data.clone(), p.k as usize);

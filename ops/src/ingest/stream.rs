@@ -193,7 +193,7 @@ fn pending_of(collection: &str, source: &str, o: Outgoing) -> Pending {
             payload: r.payload.map(|json| v1::Payload { kind: Some(v1::payload::Kind::Json(json)) }),
         })
         .collect();
-    let request = v1::IngestRequest { collection: collection.to_owned(), source: source.to_owned(), offset, points, deletes: vec![] };
+    let request = v1::IngestRequest { collection: collection.to_owned(), source: source.to_owned(), offset, points, ..Default::default() };
     Pending { request, rows: batch.rows, batch: batch.number, bytes: batch.bytes }
 }
 

@@ -114,6 +114,7 @@ async fn a_shard_node_names_what_is_wrong_with_a_query() {
         k,
         ef,
         with_payload: false,
+        ..Default::default()
     };
     let e = node.search_shard(search(vec![vec![1.0; 3]], 5, 0)).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
@@ -164,6 +165,7 @@ async fn duplicate_ids_count_once_and_the_last_offset_is_refused() {
             deletes: vec![],
             epoch: 0,
             return_entry: false,
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -193,6 +195,7 @@ async fn a_shard_node_refuses_points_of_other_shards_and_payloads_that_are_not_j
         deletes,
         epoch: 0,
         return_entry: false,
+        ..Default::default()
     };
     let json = |id: u64, text: &str| v1::Point {
         id,

@@ -90,7 +90,7 @@ pub(crate) async fn ingest(
 }
 
 pub(crate) fn batch(collection: &str, source: &str, offset: u64, points: Vec<v1::Point>) -> v1::IngestRequest {
-    v1::IngestRequest { collection: collection.into(), source: source.into(), offset, points, deletes: vec![] }
+    v1::IngestRequest { collection: collection.into(), source: source.into(), offset, points, deletes: vec![], ..Default::default() }
 }
 
 pub(crate) async fn points_in(client: &mut ShoalClient<Channel>, name: &str) -> u64 {

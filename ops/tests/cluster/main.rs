@@ -8,6 +8,7 @@ mod dev_etcd;
 mod discovery;
 mod durability;
 mod fencing;
+mod filters;
 mod hostile;
 mod ingest;
 mod membership;

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shoal_coordinator::client::PeerSettings;
-use shoal_coordinator::cluster::{Cluster, ClusterOptions, SearchQuery};
+use shoal_coordinator::cluster::{Cluster, ClusterOptions};
 use shoal_coordinator::metadata::{InMemoryStore, MetadataStore};
 use shoal_coordinator::pool::GrpcConnector;
+use shoal_coordinator::search::SearchQuery;
 use shoal_proto::{ErrorCode, NodeId, v1};
 use shoal_shard_node::RunningShardNode;
 use shoal_shard_node::registration::Presence;
@@ -53,6 +54,7 @@ fn search(collection: &str, allow_partial: bool) -> SearchQuery {
         with_payload: false,
         allow_partial,
         timeout_ms: 0,
+        ..Default::default()
     }
 }
 

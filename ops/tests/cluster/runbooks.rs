@@ -555,7 +555,11 @@ fn etcd_runbook_a_shard_under_churn() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut client = shoal_proto::v1::shoal_client::ShoalClient::connect(endpoint.clone()).await.unwrap();
-        let r = client.delete(v1::DeleteRequest { collection: "docs".into(), ids: (0..600).collect() }).await.unwrap().into_inner();
+        let r = client
+            .delete(v1::DeleteRequest { collection: "docs".into(), ids: (0..600).collect(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(r.deleted, 600);
     });
     assert_eq!(tombstones_of(&endpoint, "docs").iter().map(|s| s.1).sum::<u64>(), 600);

@@ -202,8 +202,14 @@ async fn auth_keys_decide_by_role_and_collection_and_rotate_without_a_restart() 
         job.list_collections(v1::ListCollectionsRequest {}).await.unwrap().into_inner().collections.into_iter().map(|c| c.name).collect();
     assert_eq!(listed, vec!["docs".to_owned()]);
     // Ingest streams check every batch's collection.
-    let batch =
-        |c: &str| v1::IngestRequest { collection: c.into(), source: "job".into(), offset: 0, points: vec![point(500)], deletes: vec![] };
+    let batch = |c: &str| v1::IngestRequest {
+        collection: c.into(),
+        source: "job".into(),
+        offset: 0,
+        points: vec![point(500)],
+        deletes: vec![],
+        ..Default::default()
+    };
     let mut acks = job.ingest(tokio_stream::iter(vec![batch("secret")])).await.unwrap().into_inner();
     let e = acks.message().await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied);

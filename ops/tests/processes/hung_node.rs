@@ -61,6 +61,7 @@ pub(crate) fn a_stopped_node_does_not_hang_the_cluster() -> anyhow::Result<()> {
             offset: 0,
             points: points(&mut rng, 16, 3_000..3_010),
             deletes: vec![],
+            ..Default::default()
         };
         let outcome = async {
             let mut acks = client.ingest(tokio_stream::iter(vec![batch])).await?.into_inner();

@@ -13,6 +13,7 @@ mod common;
 mod connections;
 mod control_plane;
 mod disk_full;
+mod filters;
 mod hung_node;
 mod limits;
 mod moves;
@@ -51,6 +52,7 @@ fn main() -> ExitCode {
         trial("dropped_collections_give_back_files_and_memory", limits::dropped_collections_give_back_files_and_memory),
         trial("every_documented_code_comes_from_a_real_failure", codes::every_documented_code_comes_from_a_real_failure),
         trial("a_stopped_node_does_not_hang_the_cluster", hung_node::a_stopped_node_does_not_hang_the_cluster),
+        trial("filters_answer_whole_with_a_replica_down", filters::filters_answer_whole_with_a_replica_down),
         trial("silent_connections_are_closed_and_bounded", connections::silent_connections_are_closed_and_bounded),
         trial(
             "an_interrupted_collection_snapshot_is_listed_incomplete_and_pruned",

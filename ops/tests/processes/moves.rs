@@ -205,6 +205,7 @@ async fn ingest_job(
             offset: o,
             points: points(rng, 16, (o - 1) * 100..o * 100),
             deletes: vec![],
+            ..Default::default()
         })
         .collect();
     let mut acks = client.ingest(tokio_stream::iter(batches)).await?.into_inner();

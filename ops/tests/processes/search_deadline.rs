@@ -75,7 +75,7 @@ pub(crate) fn a_search_asking_too_much_is_refused_before_any_work() -> anyhow::R
         let mut node = ShardNodeClient::connect(fx.cluster.nodes[0].endpoint()).await?;
         let shard = Some(v1::ShardId { collection: "docs".into(), shard: 0 });
         let err = node
-            .search_shard(v1::SearchShardRequest { shard, queries, k: 10_000, ef: 0, with_payload: false })
+            .search_shard(v1::SearchShardRequest { shard, queries, k: 10_000, ef: 0, with_payload: false, ..Default::default() })
             .await
             .expect_err("over the node's hit limit");
         check!(fx, err.code() == Code::InvalidArgument && err.message().contains("hits"), "{err:?}");
@@ -84,7 +84,7 @@ pub(crate) fn a_search_asking_too_much_is_refused_before_any_work() -> anyhow::R
         let shard = Some(v1::ShardId { collection: "docs".into(), shard: 0 });
         let bad = vec![v1::Vector { values: vec![1.0; 15] }];
         let err = node
-            .search_shard(v1::SearchShardRequest { shard, queries: bad, k: 5, ef: 0, with_payload: false })
+            .search_shard(v1::SearchShardRequest { shard, queries: bad, k: 5, ef: 0, with_payload: false, ..Default::default() })
             .await
             .expect_err("dimension");
         check!(

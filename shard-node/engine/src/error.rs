@@ -350,6 +350,12 @@ pub enum InvalidInput {
     },
 }
 
+impl From<shoal_filter::FilterError> for InvalidInput {
+    fn from(e: shoal_filter::FilterError) -> Self {
+        InvalidInput::Filter { path: e.path, reason: e.reason }
+    }
+}
+
 /// Why one write of a group commit was refused. It left no trace; the
 /// group's other writes went ahead.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]

@@ -67,6 +67,8 @@ pub struct Index {
     /// True from the moment tombstones pass `vacuum_ratio` until a vacuum
     /// has caught up with them (`Index::vacuum_due`).
     pub(crate) vacuum_running: std::sync::atomic::AtomicBool,
+    /// True while a field index is being built (`Index::field_index_building`).
+    pub(crate) fields_building: std::sync::atomic::AtomicBool,
     /// Copies (`copy_to`, snapshots) streaming now: each holds a read
     /// transaction for its whole length, so a compaction does not start
     /// meanwhile (it would hold the writer lock while waiting for them).
@@ -188,6 +190,10 @@ impl Index {
             lag(params.codes_per_block(), params.code_bytes()),
             lag(params.vectors_per_block(), params.vector_bytes()),
         );
+        let building = {
+            let txn = store.env.read_txn().map_err(|e| store.err(e))?;
+            crate::fields::Schema::read(&store, &txn)?.fields.iter().any(|d| d.building.is_some())
+        };
         let log = {
             let txn = store.env.read_txn().map_err(|e| store.err(e))?;
             let state = session::read_state(&store, &txn)?;
@@ -207,6 +213,7 @@ impl Index {
             generation: AtomicU64::new(0),
             moved: AtomicU64::new(0),
             vacuum_running: std::sync::atomic::AtomicBool::new(false),
+            fields_building: std::sync::atomic::AtomicBool::new(building),
             copies: std::sync::atomic::AtomicUsize::new(0),
             log,
             page_size: page,

@@ -84,12 +84,9 @@ pub use batch_log::{BatchLogRetention, LogApplied, LogEntry, LogRead};
 pub use copy::{CopyInfo, CopyMode};
 pub use digest::ContentDigest;
 pub use error::{Error, InvalidInput, Location, Rejected, Result};
-pub use fields::value::{MAX_KEYWORD_BYTES, PAYLOAD_BINARY, PAYLOAD_JSON};
+pub use fields::value::{PAYLOAD_BINARY, PAYLOAD_JSON};
 pub use fields::{FieldIndexInfo, FieldState, FieldType, MAX_FIELD_INDEXES, MAX_FIELD_NAME_BYTES};
-pub use filter::{
-    Bound, Condition, Filter, MAX_ANY_VALUES, MAX_FILTER_CONDITIONS, MAX_FILTER_DEPTH, MAX_HAS_IDS, MatchValue, Range,
-    parse_json as parse_filter,
-};
+pub use filter::{Bound, Condition, Filter, MatchValue, Range};
 pub use index::{
     BuildStep, CompactOutcome, FoldOutcome, FoldStep, Index, IndexOptions, IndexStats, LinkLog, MAX_SCROLL_LIMIT, Rescore, Snapshot,
     VacuumOutcome, Where,
@@ -98,4 +95,7 @@ pub use metric::{Metric, VectorError};
 pub use params::{IndexParams, MAX_DIM};
 pub use planner::{Explain, Plan, PlannerOptions};
 pub use session::{Found, Hit, MAX_EF, MAX_K, Page, SearchParams, StoredPoint};
+pub use shoal_filter::{
+    MAX_ANY_VALUES, MAX_FILTER_CONDITIONS, MAX_FILTER_DEPTH, MAX_HAS_IDS, MAX_KEYWORD_BYTES, parse_json as parse_filter,
+};
 pub use stop::Stop;

@@ -90,7 +90,7 @@ pub(crate) fn prepare(batch: &mut Batch, params: &IndexParams, max_payload: usiz
     }
     for (op, o) in batch.ops.iter().enumerate() {
         if let Op::DeleteWhere { filter, .. } = o {
-            filter.check().map_err(|e| at_op(op, e))?;
+            filter.check().map_err(|e| at_op(op, e.into()))?;
         }
         if let Op::Upsert(p) = o {
             params.metric.validate(&p.vector, params.dim as usize).map_err(|error| InvalidInput::Vector { at: Location::Op(op), error })?;

@@ -14,7 +14,7 @@ async fn a_damaged_shard_is_named_and_the_others_serve_until_it_is_restored() {
     let (running, mut c) = node(dir.path(), "n", 16 << 20).await;
     let own = |s: u32| move |id: &u64| shoal_proto::shard_for(*id, 2) == s;
     for s in 0..2u32 {
-        c.create_shard(v1::CreateShardRequest { shard: shard(s), spec: spec_of(2), epoch: 1 }).await.unwrap();
+        c.create_shard(v1::CreateShardRequest { shard: shard(s), spec: spec_of(2), epoch: 1, ..Default::default() }).await.unwrap();
         let ids: Vec<u64> = (0..400u64).filter(own(s)).collect();
         let pts = points(&mut rng, 0..ids.len() as u64).into_iter().zip(&ids).map(|(p, &id)| v1::Point { id, ..p }).collect();
         c.apply_batch(batch(s, None, pts, vec![], 1)).await.unwrap();
@@ -43,6 +43,7 @@ async fn a_damaged_shard_is_named_and_the_others_serve_until_it_is_restored() {
         k: 3,
         ef: 0,
         with_payload: false,
+        ..Default::default()
     };
     let e = c.search_shard(search()).await.unwrap_err();
     assert_eq!(e.code(), Code::DataLoss);

@@ -77,6 +77,7 @@ pub(crate) fn batch(n: u32, source: Option<(&str, u64)>, points: Vec<v1::Point>,
         deletes,
         epoch,
         return_entry: false,
+        ..Default::default()
     }
 }
 
@@ -89,7 +90,7 @@ async fn a_batch_returns_the_log_entry_it_became() {
     let (a, mut ca) = node(dir.path(), "a", 64 << 20).await;
     let (b, mut cb) = node(dir.path(), "b", 64 << 20).await;
     for c in [&mut ca, &mut cb] {
-        c.create_shard(v1::CreateShardRequest { shard: shard(0), spec: spec(), epoch: 1 }).await.unwrap();
+        c.create_shard(v1::CreateShardRequest { shard: shard(0), spec: spec(), epoch: 1, ..Default::default() }).await.unwrap();
     }
     for offset in 1..=3u64 {
         let mut req = batch(0, Some(("job", offset)), points(&mut rng, offset * 10..offset * 10 + 10), vec![offset * 10 - 5], 1);
@@ -143,14 +144,30 @@ async fn epochs_fence_writes_on_the_wire() {
     let dir = tempfile::tempdir().unwrap();
     let (running, mut client) = node(dir.path(), "a", 64 << 20).await;
     // 0 on the wire means 1; a create may set it.
-    let s = client.create_shard(v1::CreateShardRequest { shard: shard(0), spec: spec(), epoch: 0 }).await.unwrap().into_inner();
+    let s = client
+        .create_shard(v1::CreateShardRequest { shard: shard(0), spec: spec(), epoch: 0, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!((s.epoch, s.last_seq, s.log_first_seq), (1, 0, 1));
-    let s = client.create_shard(v1::CreateShardRequest { shard: shard(1), spec: spec_of(2), epoch: 4 }).await.unwrap().into_inner();
+    let s = client
+        .create_shard(v1::CreateShardRequest { shard: shard(1), spec: spec_of(2), epoch: 4, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(s.epoch, 4);
     // A retried create raises the epoch, never lowers it.
-    let s = client.create_shard(v1::CreateShardRequest { shard: shard(1), spec: spec_of(2), epoch: 6 }).await.unwrap().into_inner();
+    let s = client
+        .create_shard(v1::CreateShardRequest { shard: shard(1), spec: spec_of(2), epoch: 6, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(s.epoch, 6);
-    let s = client.create_shard(v1::CreateShardRequest { shard: shard(1), spec: spec_of(2), epoch: 2 }).await.unwrap().into_inner();
+    let s = client
+        .create_shard(v1::CreateShardRequest { shard: shard(1), spec: spec_of(2), epoch: 2, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(s.epoch, 6);
 
     // Unfenced writes (epoch 0) are accepted as before; a higher epoch is adopted.
@@ -176,6 +193,7 @@ async fn epochs_fence_writes_on_the_wire() {
             k: 3,
             ef: 32,
             with_payload: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -215,7 +233,7 @@ async fn a_restored_copy_catches_up_from_the_batch_log() {
     let limit = 64 << 10;
     let (a, mut ca) = node(dir.path(), "a", limit).await;
     let (b, mut cb) = node(dir.path(), "b", 64 << 20).await;
-    ca.create_shard(v1::CreateShardRequest { shard: shard(0), spec: spec(), epoch: 2 }).await.unwrap();
+    ca.create_shard(v1::CreateShardRequest { shard: shard(0), spec: spec(), epoch: 2, ..Default::default() }).await.unwrap();
     let mut offset = 0;
     let mut next = 0u64;
     for _ in 0..5 {

@@ -7,8 +7,8 @@ use shoal_proto::{CollectionName, NodeId};
 
 use crate::metadata::MetaError;
 use crate::model::{
-    Capacity, Collection, CollectionSpec, IndexParams, Member, Metric, MoveKind, MovePhase, NodeState, Replica, ReplicaState, Replication,
-    ShardMove, ShardPlacement,
+    Capacity, Collection, CollectionSpec, FieldIndexSpec, FieldKind, IndexParams, Member, Metric, MoveKind, MovePhase, NodeState, Replica,
+    ReplicaState, Replication, ShardMove, ShardPlacement,
 };
 
 #[derive(Serialize, Deserialize)]
@@ -18,6 +18,16 @@ struct CollectionRecord {
     #[serde(default)]
     replication: ReplicationRecord,
     shards: Vec<ShardRecord>,
+    /// Payload indexes; absent in values written before them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    fields: Vec<FieldRecord>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FieldRecord {
+    field: String,
+    #[serde(rename = "type")]
+    kind: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -131,6 +141,7 @@ pub(super) fn encode_collection(c: &Collection) -> Result<Vec<u8>, MetaError> {
                 }),
             })
             .collect(),
+        fields: c.fields.iter().map(|f| FieldRecord { field: f.field.clone(), kind: f.kind.as_str().to_owned() }).collect(),
     };
     to_json(&format!("collection {}", c.name), &record)
 }
@@ -175,7 +186,13 @@ pub(super) fn decode_collection(key: &str, name: CollectionName, bytes: &[u8]) -
         shard_count: r.spec.shard_count,
     };
     let replication = Replication { factor: r.replication.factor, min_in_sync: r.replication.min_in_sync };
-    let c = Collection { name, spec, replication, shards };
+    let mut fields = Vec::with_capacity(r.fields.len());
+    for f in r.fields {
+        let kind = FieldKind::parse(&f.kind)
+            .ok_or_else(|| corrupt(key, format!("field index {:?} has type {:?}, not a known one", f.field, f.kind)))?;
+        fields.push(FieldIndexSpec { field: f.field, kind });
+    }
+    let c = Collection { name, spec, replication, shards, fields };
     c.check().map_err(|e| corrupt(key, e))?;
     Ok(c)
 }
@@ -248,12 +265,15 @@ mod tests {
                 ShardPlacement { replicas, epoch, moving }
             });
         let replication = (1..5u32).prop_flat_map(|factor| (Just(factor), 1..=factor));
-        ("[a-z0-9][a-z0-9_-]{0,20}", 1..4096u32, metric, any::<(u32, u32)>(), replication, proptest::collection::vec(shard, 1..20))
-            .prop_map(|(name, dimension, metric, (m, ef_construction), (factor, min_in_sync), shards)| Collection {
+        let field = ("[a-z]{1,8}(\\.[a-z]{1,4})?", 0..5usize).prop_map(|(field, k)| FieldIndexSpec { field, kind: FieldKind::ALL[k] });
+        let fields = proptest::collection::vec(field, 0..4);
+        ("[a-z0-9][a-z0-9_-]{0,20}", 1..4096u32, metric, any::<(u32, u32)>(), replication, proptest::collection::vec(shard, 1..20), fields)
+            .prop_map(|(name, dimension, metric, (m, ef_construction), (factor, min_in_sync), shards, fields)| Collection {
                 name: CollectionName::parse(&name).unwrap(),
                 spec: CollectionSpec { dimension, metric, index: IndexParams { m, ef_construction }, shard_count: shards.len() as u32 },
                 replication: Replication { factor, min_in_sync },
                 shards,
+                fields,
             })
     }
 
@@ -289,7 +309,11 @@ mod tests {
             .collect();
         let spec = CollectionSpec { dimension: 1536, metric: Metric::Cosine, index: IndexParams::default(), shard_count: 4096 };
         let replication = Replication { factor: 3, min_in_sync: 2 };
-        let c = Collection { name: CollectionName::parse("docs").unwrap(), spec, replication, shards };
+        let fields = vec![
+            FieldIndexSpec { field: "tags".into(), kind: FieldKind::Keyword },
+            FieldIndexSpec { field: "at".into(), kind: FieldKind::Datetime },
+        ];
+        let c = Collection { name: CollectionName::parse("docs").unwrap(), spec, replication, shards, fields };
         let size = encode_collection(&c).unwrap().len();
         assert!(size < 1 << 20, "{size} bytes");
     }

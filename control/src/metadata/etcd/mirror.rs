@@ -173,6 +173,7 @@ mod tests {
             spec: CollectionSpec { dimension: 4, metric: Metric::Dot, index: Default::default(), shard_count: 1 },
             replication: Default::default(),
             shards: vec![ShardPlacement::on(NodeId::parse(node).unwrap())],
+            fields: Vec::new(),
         }
     }
 

@@ -6,66 +6,21 @@ use heed::RoTxn;
 use crate::error::{Error, InvalidInput, Result};
 use crate::store::Store;
 
-/// What a field index holds, and what a filter may ask of the field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum FieldType {
-    /// Strings, or arrays of strings: `match` and `any`.
-    Keyword,
-    /// Whole numbers (i64): `match`, `any` and ranges.
-    Integer,
-    /// Numbers (f64): ranges.
-    Float,
-    /// `true` or `false`: `match`.
-    Bool,
-    /// RFC 3339 timestamps (`2026-12-02T10:00:00Z`), kept to the
-    /// microsecond: ranges with RFC 3339 bounds.
-    Datetime,
-}
+pub use shoal_filter::FieldType;
 
-impl FieldType {
-    /// Every type, in the order of their stored codes.
-    pub const ALL: [FieldType; 5] = [FieldType::Keyword, FieldType::Integer, FieldType::Float, FieldType::Bool, FieldType::Datetime];
-
-    /// The type's name in the API and in messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            FieldType::Keyword => "keyword",
-            FieldType::Integer => "integer",
-            FieldType::Float => "float",
-            FieldType::Bool => "bool",
-            FieldType::Datetime => "datetime",
-        }
-    }
-
-    /// The type named `name` (as [`FieldType::name`] gives it).
-    pub fn parse(name: &str) -> Option<FieldType> {
-        FieldType::ALL.into_iter().find(|t| t.name() == name)
-    }
-
-    /// Numbers: kept in a column as well as in sets (ranges).
-    pub(crate) fn is_numeric(self) -> bool {
-        matches!(self, FieldType::Integer | FieldType::Float | FieldType::Datetime)
-    }
-
-    fn code(self) -> u8 {
-        match self {
-            FieldType::Keyword => 0,
-            FieldType::Integer => 1,
-            FieldType::Float => 2,
-            FieldType::Bool => 3,
-            FieldType::Datetime => 4,
-        }
-    }
-
-    fn from_code(code: u8) -> Option<FieldType> {
-        FieldType::ALL.into_iter().find(|t| t.code() == code)
+/// A type's code in a stored definition.
+fn code(t: FieldType) -> u8 {
+    match t {
+        FieldType::Keyword => 0,
+        FieldType::Integer => 1,
+        FieldType::Float => 2,
+        FieldType::Bool => 3,
+        FieldType::Datetime => 4,
     }
 }
 
-impl std::fmt::Display for FieldType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
+fn from_code(c: u8) -> Option<FieldType> {
+    FieldType::ALL.into_iter().find(|t| code(*t) == c)
 }
 
 /// Where an index's online build stands.
@@ -104,8 +59,7 @@ pub struct FieldIndexInfo {
 
 /// Most field indexes one shard keeps.
 pub const MAX_FIELD_INDEXES: usize = 64;
-/// Longest field name, in bytes.
-pub const MAX_FIELD_NAME_BYTES: usize = 255;
+pub use shoal_filter::MAX_FIELD_NAME_BYTES;
 
 /// One index, as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,7 +92,7 @@ impl FieldDef {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = vec![DEF_VERSION];
         v.extend_from_slice(&self.id.to_be_bytes());
-        v.push(self.kind.code());
+        v.push(code(self.kind));
         match self.building {
             None => v.push(0),
             Some(below) => {
@@ -156,7 +110,7 @@ impl FieldDef {
             return None;
         }
         let id = u16::from_be_bytes([rest[0], rest[1]]);
-        let kind = FieldType::from_code(rest[2])?;
+        let kind = from_code(rest[2])?;
         let building = match (rest[3], &rest[4..]) {
             (0, []) => None,
             (1, cursor) => Some(u32::from_be_bytes(cursor.try_into().ok()?)),
@@ -166,11 +120,9 @@ impl FieldDef {
     }
 }
 
-/// Checks a field name: 1 to [`MAX_FIELD_NAME_BYTES`] bytes, dotted
-/// segments none of which is empty.
+/// Checks a field name (`shoal_filter::check_name`).
 pub(crate) fn check_name(field: &str) -> Result<(), InvalidInput> {
-    let ok = !field.is_empty() && field.len() <= MAX_FIELD_NAME_BYTES && field.split('.').all(|s| !s.is_empty());
-    if ok { Ok(()) } else { Err(InvalidInput::BadFieldName { field: field.to_owned(), max: MAX_FIELD_NAME_BYTES }) }
+    shoal_filter::check_name(field).map_err(|_| InvalidInput::BadFieldName { field: field.to_owned(), max: MAX_FIELD_NAME_BYTES })
 }
 
 /// The field indexes of one commit, by name.
@@ -240,7 +192,5 @@ mod tests {
             assert!(check_name(name).is_err(), "{name:?}");
         }
         check_name("meta.lang").unwrap();
-        assert_eq!(FieldType::parse("datetime"), Some(FieldType::Datetime));
-        assert_eq!(FieldType::parse("text"), None);
     }
 }

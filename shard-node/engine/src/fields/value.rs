@@ -14,10 +14,6 @@ pub const PAYLOAD_JSON: u8 = 1;
 /// First byte of a payload holding opaque bytes.
 pub const PAYLOAD_BINARY: u8 = 0;
 
-/// Longest keyword an index holds, in bytes: LMDB keys are at most 511
-/// bytes. A longer string counts as a value of another type.
-pub const MAX_KEYWORD_BYTES: usize = 256;
-
 /// A field's value in one payload, as its index sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Extracted<'v> {
@@ -108,50 +104,13 @@ pub(crate) fn integer(n: &serde_json::Number) -> Option<i64> {
 /// 2^63 as a float.
 const TWO_63: f64 = 9_223_372_036_854_775_808.0;
 
-/// The key of an integer: big-endian keys of these sort as the integers.
-#[inline]
-pub(crate) fn ord_i64(i: i64) -> u64 {
-    (i as u64) ^ (1 << 63)
-}
-
-/// The key of a float: big-endian keys of these sort as the floats
-/// (`-0.0` is taken as `0.0`). Never 0 for a number JSON can hold.
-#[inline]
-pub(crate) fn ord_f64(f: f64) -> u64 {
-    let f = if f == 0.0 { 0.0 } else { f };
-    let bits = f.to_bits();
-    if bits >> 63 == 1 { !bits } else { bits | (1 << 63) }
-}
-
-/// The float a key of [`ord_f64`] stands for.
-#[cfg(test)]
-pub(crate) fn f64_of(key: u64) -> f64 {
-    f64::from_bits(if key >> 63 == 1 { key & !(1 << 63) } else { !key })
-}
-
-/// An RFC 3339 timestamp in microseconds since the Unix epoch.
-pub(crate) fn parse_datetime(s: &str) -> Option<i64> {
-    let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
-    i64::try_from(t.unix_timestamp_nanos().div_euclid(1000)).ok()
-}
+pub(crate) use shoal_filter::{MAX_KEYWORD_BYTES, ord_f64, ord_i64, parse_datetime};
 
 #[cfg(test)]
 mod tests {
-    use proptest::prelude::*;
     use serde_json::json;
 
     use super::*;
-
-    proptest! {
-        #[test]
-        fn keys_sort_as_their_numbers(a: i64, b: i64, x in proptest::num::f64::NORMAL | proptest::num::f64::ZERO | proptest::num::f64::SUBNORMAL,
-                                      y in proptest::num::f64::NORMAL | proptest::num::f64::ZERO) {
-            prop_assert_eq!(ord_i64(a).cmp(&ord_i64(b)), a.cmp(&b));
-            prop_assert_eq!(ord_f64(x).partial_cmp(&ord_f64(y)), if x == y { Some(std::cmp::Ordering::Equal) } else { x.partial_cmp(&y) });
-            prop_assert_ne!(ord_f64(x), 0);
-            prop_assert_eq!(f64_of(ord_f64(x)), if x == 0.0 { 0.0 } else { x });
-        }
-    }
 
     #[test]
     fn values_are_what_their_index_can_hold() {
@@ -173,8 +132,6 @@ mod tests {
         for absent in ["none", "empty", "missing", "meta.missing", "n.deeper"] {
             assert_eq!(get(absent, FieldType::Keyword), Extracted::Absent, "{absent}");
         }
-        assert_eq!(parse_datetime("2026-12-02T11:00:00+01:00"), parse_datetime("2026-12-02T10:00:00Z"));
-        assert_eq!(parse_datetime("2026-12-02"), None);
         assert_eq!(integer(&serde_json::Number::from(i64::MIN)), None);
         assert!(payload_object(b"\x01{\"a\":1}").is_some());
         assert!(payload_object(b"\x01[1]").is_none() && payload_object(b"\x00{}").is_none() && payload_object(b"\x01{").is_none());

@@ -8,6 +8,8 @@
 //! when it gets there. A filter on the field is refused until the build is
 //! done (or answered from payloads if the request allows a scan).
 
+use std::sync::atomic::Ordering;
+
 use heed::RwTxn;
 
 use super::Index;
@@ -54,6 +56,9 @@ impl Index {
             let state = session::read_state(store, wtxn)?;
             let def = FieldDef { name: field.to_owned(), id, kind, building: (state.next_id > 0).then_some(0) };
             store.dbs.fields.put(wtxn, field.as_bytes(), &def.encode()).map_err(|e| store.err(e))?;
+            if def.building.is_some() {
+                index.fields_building.store(true, Ordering::Relaxed);
+            }
             Ok(Some(()))
         })?;
         self.field_indexes()?.into_iter().find(|i| i.field == field).ok_or_else(|| Error::Corrupt {
@@ -84,7 +89,10 @@ impl Index {
         self.write_fields(|index, wtxn| {
             let store = &index.store;
             let schema = Schema::read(store, wtxn)?;
-            let Some(def) = schema.fields.iter().find(|d| d.building.is_some()) else { return Ok(None) };
+            let Some(def) = schema.fields.iter().find(|d| d.building.is_some()) else {
+                index.fields_building.store(false, Ordering::Relaxed);
+                return Ok(None);
+            };
             let from = def.building.unwrap_or(0);
             let state = session::read_state(store, wtxn)?;
             let to = from.saturating_add(max_points.max(1)).min(state.next_id);
@@ -102,6 +110,12 @@ impl Index {
             store.dbs.fields.put(wtxn, def.name.as_bytes(), &new.encode()).map_err(|e| store.err(e))?;
             Ok(Some(BuildStep { field: def.name.clone(), indexed_below: to, of: state.next_id, done }))
         })
+    }
+
+    /// True while a field index is being built: the shard node then runs
+    /// [`Index::build_field_indexes`] steps between its batches.
+    pub fn field_index_building(&self) -> bool {
+        self.fields_building.load(Ordering::Relaxed)
     }
 
     /// Every field index, with its state and counts.

@@ -90,13 +90,18 @@ impl Index {
     /// As [`Index::search`](crate::Index::search), but gives up with [`Error::Stopped`](crate::Error::Stopped) once
     /// `stop` says so (a deadline passed, the caller went away).
     pub fn search_until(&self, query: &[f32], params: SearchParams, stop: &Stop) -> Result<Vec<Hit>> {
+        self.search_with(query, params, stop).map(|f| f.hits)
+    }
+
+    /// As [`Index::search_until`], with what the search did to find them.
+    pub fn search_with(&self, query: &[f32], params: SearchParams, stop: &Stop) -> Result<crate::Found> {
         params.validate()?;
         let query = session::prepare_query(&self.params, query)?;
         let shared = self.resize.read();
         let mut s = self.take_session()?;
         let result = s.search(&self.store, &shared, &self.params, &query, params, self.opts.rescore, &self.opts.planner, stop);
         self.return_session_after(s, &result);
-        result.map(|f| f.hits)
+        result
     }
 
     /// The live point with external id `id`.

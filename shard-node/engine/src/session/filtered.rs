@@ -7,7 +7,7 @@ use std::sync::Arc;
 use roaring::RoaringBitmap;
 
 use crate::cache::SharedAddrs;
-use crate::error::Result;
+use crate::error::{InvalidInput, Result};
 use crate::fields::Schema;
 use crate::filter::Filter;
 use crate::filter::on_index::{Evaluator, Limits, Set, matching_ids};
@@ -78,7 +78,7 @@ impl Session {
 
     /// `filter` checked and resolved against this commit's indexes.
     pub(crate) fn prepare(&mut self, store: &Store, filter: &Filter, allow_unindexed: bool) -> Result<Node> {
-        filter.check()?;
+        filter.check().map_err(InvalidInput::from)?;
         let schema = self.schema(store)?;
         prepare::prepare(filter, &schema, self.state.next_id, allow_unindexed)
     }

@@ -1,77 +1,114 @@
-//! A filter resolved against one commit's field indexes: every condition
-//! becomes a test of one field's extracted value (`fields::value`), which
-//! the indexes answer for all points at once and a payload for one.
+//! A filter resolved against a shard's field indexes: every condition
+//! becomes a test of one field's value, by its ordered key, which the
+//! indexes answer for all points at once and a payload for one.
 
-use crate::error::Error;
-use crate::fields::value::{ord_f64, ord_i64, parse_datetime};
-use crate::fields::{FieldType, Schema};
+use crate::error::{FilterError, at, push_index};
+use crate::field_type::FieldType;
+use crate::keys::{ord_f64, ord_i64, parse_datetime};
+use crate::language::{Bound, Condition, Filter, MatchValue, Range};
 
-use super::{Bound, Condition, Filter, MatchValue, Range, at, push_index};
+/// What a shard's index on a field is, for [`resolve`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Indexed {
+    /// Its number in the shard's keys.
+    pub id: u16,
+    /// What it holds.
+    pub kind: FieldType,
+    /// While built online: how far, in percent.
+    pub building: Option<u32>,
+}
+
+/// Why a filter cannot be answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResolveError {
+    /// The filter is wrong for these indexes.
+    Invalid(FilterError),
+    /// A field's index is still being built (and no scan was allowed).
+    Building {
+        /// Where in the filter.
+        path: String,
+        /// The field.
+        field: String,
+        /// How far the build is.
+        percent: u32,
+    },
+}
 
 /// One condition on one field.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Leaf {
+pub struct Leaf {
     /// The field's name (its path, dotted).
-    pub(crate) field: String,
+    pub field: String,
     /// How the field's value is read.
-    pub(crate) kind: FieldType,
+    pub kind: FieldType,
     /// The index's number, if the field has a ready index (else the
     /// payloads answer: a scan the request allowed).
-    pub(crate) index: Option<u16>,
-    pub(crate) test: Test,
+    pub index: Option<u16>,
+    /// What it asks of the value.
+    pub test: Test,
 }
 
 /// What a leaf asks of the field's value.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Test {
+pub enum Test {
     /// It holds one of these (keywords: among its strings).
     Keys(Vec<Key>),
     /// It is a number (or time) whose ordered key lies in `lo..=hi`.
-    Range { lo: u64, hi: u64 },
+    Range {
+        /// Lowest key admitted.
+        lo: u64,
+        /// Highest key admitted.
+        hi: u64,
+    },
     /// It is missing, `null` or `[]`.
     Empty,
 }
 
 /// One value a [`Test::Keys`] looks for.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Key {
+pub enum Key {
+    /// A string.
     Keyword(String),
     /// An integer's ordered key.
     Number(u64),
+    /// A boolean.
     Bool(bool),
 }
 
 /// A prepared filter.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Node {
+pub enum Node {
     /// Every point.
     All,
     /// No point.
     None,
+    /// One field's test.
     Leaf(Leaf),
     /// External ids, sorted.
     Ids(Vec<u64>),
+    /// All of these.
     And(Vec<Node>),
+    /// Any of these.
     Or(Vec<Node>),
+    /// Not this.
     Not(Box<Node>),
 }
 
-/// Resolves `filter` (already [`Filter::check`]ed) against `schema`.
-/// `next_id` sizes a build's progress in its error. A field without a
-/// ready index is refused unless `allow_unindexed`.
-pub(crate) fn prepare(filter: &Filter, schema: &Schema, next_id: u32, allow_unindexed: bool) -> Result<Node, Error> {
-    let ctx = Ctx { schema, next_id, allow_unindexed };
+/// Resolves `filter` (already [`Filter::check`]ed) against the indexes
+/// `lookup` gives. A field without a ready index is refused unless
+/// `allow_unindexed`.
+pub fn resolve(filter: &Filter, lookup: &dyn Fn(&str) -> Option<Indexed>, allow_unindexed: bool) -> Result<Node, ResolveError> {
+    let ctx = Ctx { lookup, allow_unindexed };
     ctx.filter(filter, &mut String::new())
 }
 
 struct Ctx<'s> {
-    schema: &'s Schema,
-    next_id: u32,
+    lookup: &'s dyn Fn(&str) -> Option<Indexed>,
     allow_unindexed: bool,
 }
 
 impl Ctx<'_> {
-    fn filter(&self, f: &Filter, path: &mut String) -> Result<Node, Error> {
+    fn filter(&self, f: &Filter, path: &mut String) -> Result<Node, ResolveError> {
         let mut all = Vec::new();
         let mut any = Vec::new();
         for (clause, conditions) in f.clauses() {
@@ -97,7 +134,7 @@ impl Ctx<'_> {
         })
     }
 
-    fn condition(&self, c: &Condition, path: &mut String) -> Result<Node, Error> {
+    fn condition(&self, c: &Condition, path: &mut String) -> Result<Node, ResolveError> {
         match c {
             Condition::Filter(f) => self.filter(f, path),
             Condition::HasId { ids } => {
@@ -146,18 +183,17 @@ impl Ctx<'_> {
 
     /// The field's ready index and type; for a field without one, `guess`
     /// (what the condition's values say) if a scan is allowed.
-    fn field(&self, path: &str, key: &str, guess: Option<FieldType>) -> Result<(Option<u16>, FieldType), Error> {
-        match self.schema.get(key) {
+    fn field(&self, path: &str, key: &str, guess: Option<FieldType>) -> Result<(Option<u16>, FieldType), ResolveError> {
+        match (self.lookup)(key) {
             Some(def) => match def.building {
                 None => Ok((Some(def.id), def.kind)),
                 Some(_) if self.allow_unindexed => Ok((None, def.kind)),
-                Some(below) => {
-                    let percent = if self.next_id == 0 { 100 } else { (u64::from(below) * 100 / u64::from(self.next_id)).min(99) as u32 };
-                    Err(Error::FieldIndexBuilding { path: path.trim_start_matches('.').to_owned(), field: key.to_owned(), percent })
+                Some(percent) => {
+                    Err(ResolveError::Building { path: path.trim_start_matches('.').to_owned(), field: key.to_owned(), percent })
                 }
             },
             None if self.allow_unindexed => Ok((None, guess.unwrap_or(FieldType::Keyword))),
-            None => Err(Error::Invalid(at(
+            None => Err(ResolveError::Invalid(at(
                 path,
                 format!(
                     "the field {key} has no index: create one (shoalctl index create), or set allow_unindexed to accept a scan of every point"
@@ -166,15 +202,15 @@ impl Ctx<'_> {
         }
     }
 
-    fn key(&self, path: &str, place: &str, field: &str, kind: FieldType, v: &MatchValue) -> Result<Key, Error> {
+    fn key(&self, path: &str, place: &str, field: &str, kind: FieldType, v: &MatchValue) -> Result<Key, ResolveError> {
         match (kind, v) {
             (FieldType::Keyword, MatchValue::Keyword(s)) => Ok(Key::Keyword(s.clone())),
             (FieldType::Integer, MatchValue::Integer(i)) => Ok(Key::Number(ord_i64(*i))),
             (FieldType::Bool, MatchValue::Bool(b)) => Ok(Key::Bool(*b)),
-            (kind, v) => Err(Error::Invalid(at(
+            (kind, v) => Err(ResolveError::Invalid(at(
                 &format!("{path}{place}"),
                 format!(
-                    "the field {field} is a {kind} index: it cannot match {}{}",
+                    "the field {field} is indexed as {kind}: it cannot match {}{}",
                     v.type_name(),
                     match kind {
                         FieldType::Float | FieldType::Datetime => "; use a range",
@@ -205,13 +241,13 @@ fn negate(node: Node) -> Node {
 
 /// The ordered keys `lo..=hi` of a range on a field of `kind`, `None` if
 /// no value can lie in it.
-fn range_keys(path: &str, field: &str, kind: FieldType, r: &Range) -> Result<Option<(u64, u64)>, Error> {
+fn range_keys(path: &str, field: &str, kind: FieldType, r: &Range) -> Result<Option<(u64, u64)>, ResolveError> {
     let wrong = |name: &str, what: &str| {
-        Error::Invalid(at(&format!("{path}.range.{name}"), format!("the field {field} is a {kind} index: its bounds are {what}")))
+        ResolveError::Invalid(at(&format!("{path}.range.{name}"), format!("the field {field} is indexed as {kind}: its bounds are {what}")))
     };
     match kind {
         FieldType::Keyword | FieldType::Bool => {
-            Err(Error::Invalid(at(&format!("{path}.range"), format!("the field {field} is a {kind} index: it has no ranges"))))
+            Err(ResolveError::Invalid(at(&format!("{path}.range"), format!("the field {field} is indexed as {kind}: it has no ranges"))))
         }
         FieldType::Float => {
             let mut lo = 1u64;
@@ -249,7 +285,12 @@ fn range_keys(path: &str, field: &str, kind: FieldType, r: &Range) -> Result<Opt
                     },
                     (FieldType::Datetime, Bound::Datetime(s)) => match parse_datetime(s) {
                         Some(t) => (Some(t), matches!(name, "gt" | "lt")),
-                        None => return Err(Error::Invalid(at(&format!("{path}.range.{name}"), format!("{s:?} is not an RFC 3339 time")))),
+                        None => {
+                            return Err(ResolveError::Invalid(at(
+                                &format!("{path}.range.{name}"),
+                                format!("{s:?} is not an RFC 3339 time"),
+                            )));
+                        }
                     },
                     (FieldType::Integer, Bound::Datetime(_)) => return Err(wrong(name, "numbers")),
                     (_, _) => return Err(wrong(name, "RFC 3339 times")),

@@ -12,19 +12,19 @@
 
 use serde_json::Value;
 
-use super::{Bound, Condition, Filter, MatchValue, Range, at, push_index};
-use crate::error::InvalidInput;
+use crate::error::{FilterError, at, push_index};
+use crate::language::{Bound, Condition, Filter, MatchValue, Range};
 
 /// Parses a filter from its JSON form, then checks it
 /// ([`Filter::check`]). The error names the place in the filter.
-pub fn parse_json(text: &str) -> Result<Filter, InvalidInput> {
+pub fn parse_json(text: &str) -> Result<Filter, FilterError> {
     let value: Value = serde_json::from_str(text).map_err(|e| at("", format!("is not JSON: {e}")))?;
     let filter = filter(&value, &mut String::new())?;
     filter.check()?;
     Ok(filter)
 }
 
-fn filter(v: &Value, path: &mut String) -> Result<Filter, InvalidInput> {
+fn filter(v: &Value, path: &mut String) -> Result<Filter, FilterError> {
     let Some(obj) = v.as_object() else {
         return Err(at(path, "must be an object with must, should and must_not lists".into()));
     };
@@ -49,7 +49,7 @@ fn filter(v: &Value, path: &mut String) -> Result<Filter, InvalidInput> {
     Ok(f)
 }
 
-fn condition(v: &Value, path: &mut String) -> Result<Condition, InvalidInput> {
+fn condition(v: &Value, path: &mut String) -> Result<Condition, FilterError> {
     let Some(obj) = v.as_object() else { return Err(at(path, "must be an object".into())) };
     if obj.keys().any(|k| matches!(k.as_str(), "must" | "should" | "must_not")) {
         return filter(v, path).map(Condition::Filter);
@@ -99,7 +99,7 @@ fn condition(v: &Value, path: &mut String) -> Result<Condition, InvalidInput> {
     }
 }
 
-fn match_value(v: &Value, place: &str) -> Result<MatchValue, InvalidInput> {
+fn match_value(v: &Value, place: &str) -> Result<MatchValue, FilterError> {
     match v {
         Value::String(s) => Ok(MatchValue::Keyword(s.clone())),
         Value::Bool(b) => Ok(MatchValue::Bool(*b)),
@@ -111,7 +111,7 @@ fn match_value(v: &Value, place: &str) -> Result<MatchValue, InvalidInput> {
     }
 }
 
-fn range(v: &Value, place: &str) -> Result<Range, InvalidInput> {
+fn range(v: &Value, place: &str) -> Result<Range, FilterError> {
     let Some(obj) = v.as_object() else { return Err(at(place, "must be an object of gt, gte, lt, lte".into())) };
     let mut r = Range::default();
     for (name, b) in obj {
