@@ -37,6 +37,7 @@ impl Cluster {
                         out.digest = d.digest;
                         out.offsets = d.offsets;
                         out.last_seq = d.last_seq;
+                        out.index_mismatches = d.index_mismatches;
                     }
                     Err(e) => out.error = e.to_string(),
                 }
@@ -95,11 +96,13 @@ impl Cluster {
     }
 }
 
-/// Every active replica answered, with one digest and one set of offsets.
+/// Every active replica answered, with one digest and one set of offsets,
+/// and field indexes that agree with its payloads.
 fn active_agree(replicas: &[v1::ReplicaDigest]) -> bool {
     let mut active = replicas.iter().filter(|r| r.state == "active");
     let Some(first) = active.next() else { return false };
-    first.error.is_empty() && active.all(|r| r.error.is_empty() && r.digest == first.digest && r.offsets == first.offsets)
+    let healthy = |r: &v1::ReplicaDigest| r.error.is_empty() && r.index_mismatches == 0;
+    healthy(first) && active.all(|r| healthy(r) && r.digest == first.digest && r.offsets == first.offsets)
 }
 
 #[cfg(test)]
@@ -124,5 +127,8 @@ mod tests {
         assert!(!active_agree(&[replica("active", "a", 1, ""), replica("active", "a", 2, "")]));
         assert!(!active_agree(&[replica("active", "a", 1, ""), replica("active", "", 0, "node n1 went down")]));
         assert!(!active_agree(&[replica("dead", "a", 1, "")]));
+        // Damaged field indexes fail the check even on one copy.
+        let damaged = v1::ReplicaDigest { index_mismatches: 3, ..replica("active", "a", 1, "") };
+        assert!(!active_agree(&[damaged]));
     }
 }

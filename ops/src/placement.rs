@@ -258,6 +258,12 @@ async fn verify(client: &mut shoal_proto::auth::KeyedClient, collection: &str, s
                 d.last_seq,
                 offsets.join(" ")
             );
+            if d.index_mismatches > 0 {
+                println!(
+                    "{collection}/{shard} {:<12} its field indexes disagree with its payloads on {} entries: resync it",
+                    d.node, d.index_mismatches
+                );
+            }
         } else {
             println!("{collection}/{shard} {:<12} {:<10} no answer: {}", d.node, d.state, d.error);
         }

@@ -1,7 +1,8 @@
 //! What the load is made of: base vectors (an `.fvecs` or `.npy` file, or
-//! generated from a seed, any row on demand), query vectors, and the ground
-//! truth for recall.
+//! generated from a seed, any row on demand), their payloads, query vectors,
+//! and the ground truth for recall.
 
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -9,6 +10,7 @@ use anyhow::{Context, Result, bail, ensure};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
+use shoal_proto::v1;
 
 use super::npy::NpyMatrix;
 use super::recall;
@@ -24,6 +26,10 @@ pub(crate) struct DataArgs {
     /// Use only the first N base vectors.
     #[arg(long, value_name = "N")]
     pub(crate) limit: Option<usize>,
+    /// Payloads: JSON Lines, line i the JSON object sent with base row i
+    /// (on ingest, preload and upsert). Without it, points have none.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub(crate) payloads: Option<PathBuf>,
     /// Generated vectors: how many.
     #[arg(long, default_value_t = 100_000)]
     pub(crate) points: usize,
@@ -139,9 +145,11 @@ impl Vectors {
     }
 }
 
-/// Base, queries and ground truth of a run.
+/// Base (and its payloads), queries and ground truth of a run.
 pub(crate) struct Data {
     pub(crate) base: Vectors,
+    /// Row i's payload, as written in the file.
+    payloads: Option<Vec<String>>,
     pub(crate) queries: Vec<Vec<f32>>,
     /// Per query: the ids of its nearest base vectors, nearest first.
     pub(crate) truth: Option<Vec<Vec<u64>>>,
@@ -169,8 +177,9 @@ impl Data {
             base.len = base.len.min(l);
         }
         ensure!(base.len > 0, "no base vectors");
+        let payloads = a.payloads.as_deref().map(|p| read_payloads(p, base.len)).transpose()?;
         if !queries {
-            return Ok(Arc::new(Data { base, queries: Vec::new(), truth: None }));
+            return Ok(Arc::new(Data { base, payloads, queries: Vec::new(), truth: None }));
         }
         let qs: Vec<Vec<f32>> = match (query_file, &base.source) {
             (Some(q), _) => {
@@ -199,13 +208,34 @@ impl Data {
         } else {
             None
         };
-        Ok(Arc::new(Data { base, queries: qs, truth }))
+        Ok(Arc::new(Data { base, payloads, queries: qs, truth }))
+    }
+
+    /// The payload of base row `i`, if there are payloads.
+    pub(crate) fn payload(&self, i: usize) -> Option<v1::Payload> {
+        let text = self.payloads.as_ref()?[i].clone();
+        Some(v1::Payload { kind: Some(v1::payload::Kind::Json(text)) })
     }
 
     /// The truth of query `q`, if there is one.
     pub(crate) fn truth_of(&self, q: usize) -> Option<&[u64]> {
         self.truth.as_ref().map(|t| t[q].as_slice())
     }
+}
+
+/// The first `n` lines of a JSON Lines file. Each is checked here, as a
+/// bad one would otherwise fail every batch it went in, far into a run.
+fn read_payloads(path: &Path, n: usize) -> Result<Vec<String>> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut rows = Vec::with_capacity(n);
+    for (i, line) in std::io::BufReader::new(file).lines().take(n).enumerate() {
+        let line = line.with_context(|| format!("{} line {}", path.display(), i + 1))?;
+        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&line)
+            .with_context(|| format!("{} line {}: not a JSON object", path.display(), i + 1))?;
+        rows.push(line);
+    }
+    ensure!(rows.len() == n, "{}: {} payloads for {n} base rows", path.display(), rows.len());
+    Ok(rows)
 }
 
 /// `--metric` as the engine names it (for the exact ground truth).
@@ -221,6 +251,7 @@ mod tests {
         DataArgs {
             base: None,
             limit: None,
+            payloads: None,
             points: 300,
             dim: 8,
             seed: 3,
@@ -286,5 +317,30 @@ mod tests {
         assert!(t.iter().all(|r| r.len() == 10 && r.iter().all(|&id| id < 300)));
         let d = Data::load(&DataArgs { exact_groundtruth: false, ..args() }, true, shoal_engine::Metric::Cosine, 10).unwrap();
         assert!(d.truth.is_none());
+    }
+
+    #[test]
+    fn payloads_are_read_per_row_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("p.jsonl");
+        let read = |text: &str, n: usize| {
+            std::fs::write(&p, text).unwrap();
+            read_payloads(&p, n).map_err(|e| format!("{e:#}"))
+        };
+        // Rows past those in use are not read.
+        let rows = read("{\"tags\": [\"web\"], \"len\": 5}\r\n{\"rand\": 1}\nnot json\n", 2).unwrap();
+        assert_eq!(rows, ["{\"tags\": [\"web\"], \"len\": 5}", "{\"rand\": 1}"]);
+        let e = read("{}\n[1, 2]\n{}\n", 3).unwrap_err();
+        assert!(e.contains("p.jsonl line 2: not a JSON object"), "{e}");
+        let e = read("{}\n\n", 2).unwrap_err();
+        assert!(e.contains("p.jsonl line 2: not a JSON object"), "{e}");
+        let e = read("{}\n{}\n", 3).unwrap_err();
+        assert!(e.contains("p.jsonl: 2 payloads for 3 base rows"), "{e}");
+        // Through --payloads and --limit: row i's line, as written.
+        std::fs::write(&p, "{\"a\": 0}\n{\"a\": 1}\n").unwrap();
+        let d =
+            Data::load(&DataArgs { payloads: Some(p.clone()), limit: Some(2), ..args() }, false, shoal_engine::Metric::Cosine, 1).unwrap();
+        assert_eq!(d.payload(1).and_then(|p| p.kind), Some(v1::payload::Kind::Json("{\"a\": 1}".into())));
+        assert!(Data::load(&args(), false, shoal_engine::Metric::Cosine, 1).unwrap().payload(0).is_none());
     }
 }

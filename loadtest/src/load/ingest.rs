@@ -237,7 +237,11 @@ async fn stream(s: usize, clients: Clients, collection: String, data: Arc<Data>,
                     };
                     rec.scheduled();
                     let points = (lo..hi)
-                        .map(|id| v1::Point { id, vector: data.base.row(id as usize).expect("row within the data"), payload: None })
+                        .map(|id| v1::Point {
+                            id,
+                            vector: data.base.row(id as usize).expect("row within the data"),
+                            payload: data.payload(id as usize),
+                        })
                         .collect();
                     let off = offset.fetch_add(1, Ordering::Relaxed);
                     let req = v1::IngestRequest {

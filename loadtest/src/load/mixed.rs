@@ -192,7 +192,7 @@ async fn upserts(ctx: &Ctx, rate: f64, end: Instant, loaded: u64, max_in_flight:
     let op = move |i: u64| {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5550_5345_5254 ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let id = 2 * rng.random_range(0..evens);
-        let point = v1::Point { id, vector: data.base.row(id as usize).expect("a preloaded row"), payload: None };
+        let point = v1::Point { id, vector: data.base.row(id as usize).expect("a preloaded row"), payload: data.payload(id as usize) };
         let req = v1::UpsertRequest { collection: collection.clone(), points: vec![point] };
         let mut c = clients.next();
         async move {

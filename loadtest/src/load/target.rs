@@ -81,6 +81,15 @@ pub(crate) struct TargetArgs {
     /// HNSW ef_construction of the created collection (0: default).
     #[arg(long, default_value_t = 0)]
     pub(crate) ef_construction: u32,
+    /// A payload index of the created collection, as FIELD:TYPE (keyword,
+    /// integer, float, bool, datetime); repeatable.
+    #[arg(long = "index", value_name = "FIELD:TYPE", value_parser = check_index)]
+    pub(crate) indexes: Vec<String>,
+}
+
+/// Kept as written (so the report shows it), checked before anything starts.
+fn check_index(s: &str) -> Result<String, String> {
+    shoal_ops::points::parse_index(s).map(|_| s.to_owned()).map_err(|e| format!("{e:#}"))
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -253,12 +262,14 @@ impl Target {
                 _ => v1::Metric::Cosine,
             };
             let index = (a.m > 0 || a.ef_construction > 0).then_some(v1::IndexParams { m: a.m, ef_construction: a.ef_construction });
+            let field_indexes = a.indexes.iter().map(|s| shoal_ops::points::parse_index(s)).collect::<Result<_>>()?;
             c.create_collection(v1::CreateCollectionRequest {
                 name: a.collection.clone(),
                 dimension: dim as u32,
                 metric: metric as i32,
                 shard_count: a.shards,
                 index,
+                field_indexes,
                 ..Default::default()
             })
             .await
@@ -271,6 +282,9 @@ impl Target {
             .map_err(|s| anyhow!("collection {:?}: {}: {} (--create makes it)", a.collection, code_name(s.code()), s.message()))?
             .into_inner();
         ensure!(info.dimension as usize == dim, "collection {:?} holds {}-d vectors, the data has {dim}", a.collection, info.dimension);
+        if !a.indexes.is_empty() {
+            eprintln!("warning: --index applies to a collection the run creates; {:?} keeps the indexes it has", a.collection);
+        }
         Ok(false)
     }
 

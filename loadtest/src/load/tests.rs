@@ -435,3 +435,50 @@ async fn auth_the_api_key_goes_with_every_call_and_stays_out_of_the_report() {
     assert!(e.contains("--api-key: the API key must be printable ASCII") && !e.contains("cret"), "{e}");
     cluster.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_sends_each_rows_payload_into_a_collection_with_indexes() {
+    let data = tempfile::tempdir().unwrap();
+    let cluster = EmbeddedCluster::start(EmbeddedConfig::ephemeral(data.path().join("cluster"), 1)).await.unwrap();
+    let url = cluster.endpoint();
+    let payloads = data.path().join("p.jsonl");
+    let rows: String = (0..300).map(|i| format!("{{\"tags\": [\"t{}\"], \"len\": {i}}}\n", i % 3)).collect();
+    std::fs::write(&payloads, rows).unwrap();
+    let r = run(&[
+        "ingest",
+        "--coordinator",
+        &url,
+        "--create",
+        "--collection",
+        "pay",
+        "--index",
+        "tags:keyword",
+        "--index",
+        "len:integer",
+        "--points",
+        "300",
+        "--dim",
+        "8",
+        "--batch",
+        "50",
+        "--payloads",
+        &payloads.to_string_lossy(),
+        "--no-progress",
+    ])
+    .await
+    .unwrap();
+    check_counts(&r);
+    assert_eq!(r.collection.points, Some(300));
+    assert_eq!(r.config["common"]["target"]["indexes"], serde_json::json!(["tags:keyword", "len:integer"]));
+    assert_eq!(r.config["common"]["data"]["payloads"], payloads.to_string_lossy().as_ref());
+    let mut c = cluster.client().await.unwrap();
+    let got = c.get(v1::GetRequest { collection: "pay".into(), ids: vec![7], with_vector: false }).await.unwrap().into_inner();
+    let payload = got.points[0].payload.clone().and_then(|p| p.kind);
+    assert_eq!(payload, Some(v1::payload::Kind::Json("{\"tags\": [\"t1\"], \"len\": 7}".into())));
+    // Counted through the indexes (a field without one is refused).
+    let filter =
+        shoal_ops::points::read_filter(r#"{"must": [{"key": "tags", "match": "t1"}, {"key": "len", "range": {"lt": 30}}]}"#).unwrap();
+    let n = c.count(v1::CountRequest { collection: "pay".into(), filter: Some(filter), ..Default::default() }).await.unwrap().into_inner();
+    assert_eq!(n.count, 10);
+    cluster.shutdown().await.unwrap();
+}

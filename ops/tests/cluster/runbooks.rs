@@ -1,5 +1,6 @@
-//! The runbooks in `docs/runbooks/` are executed here, so they cannot rot:
-//! every ```sh block of a runbook runs in order, through bash with
+//! The runbooks in `docs/runbooks/` and the examples of docs/filters.md
+//! are executed here, so they cannot rot: every ```sh block of a page
+//! runs in order, through bash with
 //! `set -euo pipefail`, against a live cluster, with `shoalctl` (this
 //! package's binary) on the PATH. A block that fails fails the test with
 //! its output.
@@ -49,8 +50,15 @@ fn run_runbook_in(name: &str, env: &[(&str, String)], cwd: &Path) {
 /// Runs the runbook, calling `before(i)` before its block `i` (from 0):
 /// where the test does what the runbook's prose says happens meanwhile,
 /// or checks what it promises.
-fn run_runbook_hooked(name: &str, env: &[(&str, String)], cwd: &Path, mut before: impl FnMut(usize)) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/runbooks").join(name);
+fn run_runbook_hooked(name: &str, env: &[(&str, String)], cwd: &Path, before: impl FnMut(usize)) {
+    run_page(&Path::new("runbooks").join(name), env, cwd, before);
+}
+
+/// Runs the ```sh blocks of `docs/<page>` as [`run_runbook_hooked`] does.
+fn run_page(page: &Path, env: &[(&str, String)], cwd: &Path, mut before: impl FnMut(usize)) {
+    let name = page.display().to_string();
+    let name = name.as_str();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs").join(page);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let blocks = shell_blocks(&text);
     assert!(!blocks.is_empty(), "{name} has no ```sh block");
@@ -582,5 +590,21 @@ fn etcd_runbook_a_shard_under_churn() {
     for ((p0, t0), (p1, t1)) in before.iter().zip(&after) {
         assert!(p1 + t1 <= (p0 + t0).max(p1 + 1), "{before:?} then {after:?}");
     }
+    dev.interrupt();
+}
+
+/// docs/filters.md's examples: indexes declared at creation, a filtered
+/// search with its plans, count, scroll, delete by filter, a refused
+/// filter and an index added online, as a user types them.
+#[test]
+fn etcd_docs_filters_examples_work() {
+    let Some(dev) = DevCluster::on_test_etcd("etcd_docs_filters_examples_work", 2, 1) else { return };
+    let endpoint = dev.endpoint();
+    let cwd = tempfile::tempdir().unwrap();
+    run_page(Path::new("filters.md"), &[("SHOAL_ENDPOINT", endpoint.clone())], cwd.path(), |_| {});
+    // What the page left: five points, the late index ready on every shard.
+    assert_eq!(points_of(&endpoint, "docs"), 5);
+    let list = shoalctl(&endpoint, &["index", "list", "docs"]);
+    assert_eq!(list.matches("lang ready").count(), 2, "{list}");
     dev.interrupt();
 }

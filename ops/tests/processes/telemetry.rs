@@ -349,14 +349,19 @@ pub(crate) fn metrics_move_with_the_work_done() -> anyhow::Result<()> {
             check!(fx, sample(&text, "shoal_shard_lmdb_map_bytes", &[]) > 0.0, "{}: no map size:\n{text}", node.id);
             check!(fx, sample(&text, "process_open_fds", &[]) > 0.0, "{}: no open files:\n{text}", node.id);
             check!(fx, sample(&text, "shoal_build_info", &[]) == 1.0, "{}: no build info:\n{text}", node.id);
-            // Cardinality: every per-shard series is labelled by collection and shard only.
+            // Cardinality: every per-shard series is labelled by collection and shard, and
+            // the plans counter by the plan's name, one of a fixed few.
+            const PLANS: [&str; 5] = ["\"graph\"", "\"exact\"", "\"scan\"", "\"filtered_graph\"", "\"empty\""];
             for line in text.lines().filter(|l| l.starts_with("shoal_shard_")) {
                 let labels = line.split_once('{').map_or("", |(_, r)| r.split_once('}').map_or("", |(l, _)| l));
                 for kv in labels.split(',').filter(|s| !s.is_empty()) {
-                    let key = kv.split('=').next().unwrap_or_default();
+                    let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
+                    let bounded = key == "plan" && line.starts_with("shoal_shard_search_plans") && PLANS.contains(&value);
                     check!(
                         fx,
-                        ["collection", "shard", "le", "otel_scope_name", "otel_scope_version", "otel_scope_schema_url"].contains(&key),
+                        bounded
+                            || ["collection", "shard", "le", "otel_scope_name", "otel_scope_version", "otel_scope_schema_url"]
+                                .contains(&key),
                         "label {key} in {line}"
                     );
                 }

@@ -316,6 +316,19 @@ impl<'t> TxnView<'t> {
         let layout = self.codes;
         let (block, slot) = (id / layout.per_block, id % layout.per_block);
         let first = block * layout.per_block;
+        // Where a block was found before, as `block_value` looks.
+        if let Some(f) = self.frozen.filter(|f| f.shares_block(Blocks::Codes, id, block)) {
+            let addr = f.table(Blocks::Codes).get(block);
+            if addr != 0 {
+                return Ok((addr as *const u8, first, layout.per_block));
+            }
+        }
+        let cached = self.cache.codes.get(block);
+        if let Some(p) = cached.start.get()
+            && slot < cached.len
+        {
+            return Ok((p, first, cached.len));
+        }
         let p = self.block_value(Blocks::Codes, id)?;
         let start = p.wrapping_sub(slot as usize * layout.value_bytes);
         let full = self.frozen.is_some_and(|f| f.shares_block(Blocks::Codes, id, block) && f.table(Blocks::Codes).get(block) != 0);

@@ -5,6 +5,7 @@
     client.create_collection("docs", dimension=384, metric="cosine")
     client.upload("docs", vectors, source="docs-2026-11-26")
     client.search("docs", vectors[0], k=10).hits
+    client.search("docs", vectors[0], k=10, filter={"must": [{"key": "lang", "match": "en"}]}).hits
 """
 
 from .client import Client
@@ -30,6 +31,7 @@ from .types import (
     Hit,
     Point,
     Replica,
+    ScrollPage,
     SearchResult,
     Shard,
     SnapshotInfo,
@@ -55,6 +57,7 @@ __all__ = [
     "Point",
     "Replica",
     "ResourceExhausted",
+    "ScrollPage",
     "SearchResult",
     "Shard",
     "ShoalError",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import urlparse
 
 import grpc
 import numpy as np
 
-from . import _wire
+from . import _wire, filters
 from ._proto.shoal.v1 import common_pb2, shoal_pb2, shoal_pb2_grpc, snapshot_pb2
 from .errors import InvalidArgument, ShoalError, from_rpc_error
 from .types import (
@@ -19,6 +19,7 @@ from .types import (
     CollectionInfo,
     GetResult,
     Point,
+    ScrollPage,
     SearchResult,
     SnapshotInfo,
     UploadResult,
@@ -166,10 +167,14 @@ class Client:
         min_in_sync: int = 0,
         m: int = 0,
         ef_construction: int = 0,
+        indexes: Optional[Mapping[str, str]] = None,
     ) -> CollectionInfo:
-        """Creates a collection; 0 leaves a setting to the cluster's default."""
+        """Creates a collection; 0 leaves a setting to the cluster's default.
+        `indexes`: payload indexes to make on the empty shards, field ->
+        type ("keyword", "integer", "float", "bool", "datetime")."""
         if metric not in METRICS:
             raise InvalidArgument(f"metric {metric!r}: expected one of {sorted(METRICS)}")
+        field_indexes = [common_pb2.FieldIndex(field=f, type=filters.field_type(t)) for f, t in (indexes or {}).items()]
         req = shoal_pb2.CreateCollectionRequest(
             name=name,
             dimension=dimension,
@@ -178,8 +183,21 @@ class Client:
             index=common_pb2.IndexParams(m=m, ef_construction=ef_construction),
             replication_factor=replication_factor,
             min_in_sync=min_in_sync,
+            field_indexes=field_indexes,
         )
         return CollectionInfo.from_proto(self._call("CreateCollection", req))
+
+    def create_index(self, collection: str, field: str, type: str, *, wait: bool = True) -> CollectionInfo:
+        """Indexes a payload field on every shard (built online where the
+        shards hold points); with `wait`, returns once every copy's index
+        is ready."""
+        req = shoal_pb2.CreateFieldIndexRequest(
+            collection=collection, index=common_pb2.FieldIndex(field=field, type=filters.field_type(type)), wait=wait
+        )
+        return CollectionInfo.from_proto(self._call("CreateFieldIndex", req))
+
+    def drop_index(self, collection: str, field: str) -> CollectionInfo:
+        return CollectionInfo.from_proto(self._call("DropFieldIndex", shoal_pb2.DropFieldIndexRequest(collection=collection, field=field)))
 
     def list_collections(self) -> List[CollectionInfo]:
         resp = self._call("ListCollections", shoal_pb2.ListCollectionsRequest())
@@ -270,9 +288,68 @@ class Client:
         resp = self._call("Upsert", shoal_pb2.UpsertRequest(collection=collection, points=points))
         return WriteResult(resp.upserted, resp.deleted, resp.missing)
 
-    def delete(self, collection: str, ids: Iterable[int]) -> WriteResult:
-        resp = self._call("Delete", shoal_pb2.DeleteRequest(collection=collection, ids=[int(i) for i in ids]))
+    def delete(
+        self,
+        collection: str,
+        ids: Iterable[int] = (),
+        *,
+        filter: Optional[Mapping[str, Any]] = None,
+        allow_unindexed: bool = False,
+    ) -> WriteResult:
+        """Deletes points by id, and every point matching `filter` (a dict
+        in the form of docs/filters.md)."""
+        req = shoal_pb2.DeleteRequest(
+            collection=collection,
+            ids=[int(i) for i in ids],
+            filter=filters.to_proto(filter) if filter is not None else None,
+            allow_unindexed=allow_unindexed,
+        )
+        resp = self._call("Delete", req)
         return WriteResult(resp.upserted, resp.deleted, resp.missing)
+
+    def count(self, collection: str, filter: Optional[Mapping[str, Any]] = None, *, allow_unindexed: bool = False) -> int:
+        """How many points match `filter` (every point without one), exactly."""
+        req = shoal_pb2.CountRequest(
+            collection=collection, filter=filters.to_proto(filter) if filter is not None else None, allow_unindexed=allow_unindexed
+        )
+        return int(self._call("Count", req).count)
+
+    def scroll(
+        self,
+        collection: str,
+        filter: Optional[Mapping[str, Any]] = None,
+        *,
+        after: Optional[int] = None,
+        limit: int = 100,
+        with_vector: bool = False,
+        allow_unindexed: bool = False,
+    ) -> ScrollPage:
+        """One page of the points matching `filter`, in ascending id order,
+        with their payloads; pass the page's `next_after` as `after` for
+        the next one."""
+        req = shoal_pb2.ScrollRequest(
+            collection=collection,
+            filter=filters.to_proto(filter) if filter is not None else None,
+            allow_unindexed=allow_unindexed,
+            limit=limit,
+            with_vector=with_vector,
+        )
+        if after is not None:
+            req.after = int(after)
+        resp = self._call("Scroll", req)
+        points = [Point(p.id, list(p.vector), decode_payload(p.payload) if p.HasField("payload") else None) for p in resp.points]
+        return ScrollPage(points, resp.next_after if resp.HasField("next_after") else None)
+
+    def scroll_all(self, collection: str, filter: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> Iterator[Point]:
+        """Every point matching `filter`, page after page (an export or a
+        re-embedding job); each page reads the latest commit."""
+        after = kwargs.pop("after", None)
+        while True:
+            page = self.scroll(collection, filter, after=after, **kwargs)
+            yield from page.points
+            if page.next_after is None:
+                return
+            after = page.next_after
 
     def get(self, collection: str, ids: Iterable[int], *, with_vector: bool = True) -> GetResult:
         resp = self._call("Get", shoal_pb2.GetRequest(collection=collection, ids=[int(i) for i in ids], with_vector=with_vector))
@@ -293,10 +370,14 @@ class Client:
         allow_partial: bool = False,
         with_payload: bool = False,
         timeout: Optional[float] = None,
+        filter: Optional[Mapping[str, Any]] = None,
+        allow_unindexed: bool = False,
     ) -> SearchResult:
-        """The `k` nearest points over every shard. Without
+        """The `k` nearest points over every shard (among those matching
+        `filter`, a dict in the form of docs/filters.md). Without
         `allow_partial`, a shard that cannot answer fails the search
-        (Unavailable); with it, the result says how many answered."""
+        (Unavailable); with it, the result says how many answered. The
+        result's `explain` says which plan each shard ran."""
         q = _matrix([vector] if not isinstance(vector, np.ndarray) or vector.ndim == 1 else vector, "vector")
         if len(q) != 1:
             raise InvalidArgument(f"vector: expected one vector, got {len(q)} (search_batch takes many)")
@@ -308,9 +389,11 @@ class Client:
             with_payload=with_payload,
             allow_partial=allow_partial,
             timeout_ms=_ms(timeout),
+            filter=filters.to_proto(filter) if filter is not None else None,
+            allow_unindexed=allow_unindexed,
         )
         resp = self._call("Search", req, timeout=timeout)
-        return SearchResult(hits_of(resp.hits), resp.shards_answered, resp.shards_total)
+        return SearchResult(hits_of(resp.hits), resp.shards_answered, resp.shards_total, filters.explain_of(resp.explain))
 
     def search_batch(
         self,
@@ -322,8 +405,11 @@ class Client:
         allow_partial: bool = False,
         with_payload: bool = False,
         timeout: Optional[float] = None,
+        filter: Optional[Mapping[str, Any]] = None,
+        allow_unindexed: bool = False,
     ) -> BatchSearchResult:
-        """One search per row of the 2-d `vectors`, in one request."""
+        """One search per row of the 2-d `vectors`, in one request (each
+        among the points matching `filter`, if given)."""
         q = _matrix(vectors, "vectors")
         req = shoal_pb2.SearchBatchRequest(
             collection=collection,
@@ -333,9 +419,16 @@ class Client:
             with_payload=with_payload,
             allow_partial=allow_partial,
             timeout_ms=_ms(timeout),
+            filter=filters.to_proto(filter) if filter is not None else None,
+            allow_unindexed=allow_unindexed,
         )
         resp = self._call("SearchBatch", req, timeout=timeout)
-        return BatchSearchResult([hits_of(r.hits) for r in resp.results], resp.shards_answered, resp.shards_total)
+        return BatchSearchResult(
+            [hits_of(r.hits) for r in resp.results],
+            resp.shards_answered,
+            resp.shards_total,
+            [filters.explain_of(q.shards) for q in resp.explain],
+        )
 
     # Snapshots and status
 

@@ -11,6 +11,13 @@ from ._proto.shoal.v1 import common_pb2, shoal_pb2
 
 METRICS = {"cosine": common_pb2.COSINE, "dot": common_pb2.DOT, "euclidean": common_pb2.EUCLIDEAN}
 METRIC_NAMES = {v: k for k, v in METRICS.items()}
+FIELD_TYPE_NAMES = {
+    common_pb2.KEYWORD: "keyword",
+    common_pb2.INTEGER: "integer",
+    common_pb2.FLOAT: "float",
+    common_pb2.BOOL: "bool",
+    common_pb2.DATETIME: "datetime",
+}
 
 
 def encode_payload(value: Any) -> Optional[common_pb2.Payload]:
@@ -50,6 +57,9 @@ class Shard:
     tombstones: int
     disk_bytes: int
     replicas: List[Replica]
+    #: The primary's payload indexes: field -> dict of type, ready,
+    #: progress (0..1 while building), points, other_type.
+    indexes: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,6 +73,8 @@ class CollectionInfo:
     points: int
     #: Filled by `describe_collection` only.
     shards: List[Shard] = field(default_factory=list)
+    #: Payload indexes: field -> type ("keyword", "integer", ...).
+    indexes: Dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_proto(cls, c: shoal_pb2.CollectionInfo) -> "CollectionInfo":
@@ -75,6 +87,16 @@ class CollectionInfo:
                 tombstones=s.tombstones,
                 disk_bytes=s.disk_bytes,
                 replicas=[Replica(r.node, r.state, r.node_down) for r in s.replicas],
+                indexes={
+                    f.field: {
+                        "type": FIELD_TYPE_NAMES.get(f.type, "unspecified"),
+                        "ready": f.ready,
+                        "progress": 1.0 if f.ready else f.indexed_below / max(f.of, 1),
+                        "points": f.points,
+                        "other_type": f.other_type,
+                    }
+                    for f in s.field_indexes
+                },
             )
             for s in c.shards
         ]
@@ -87,6 +109,7 @@ class CollectionInfo:
             min_in_sync=c.min_in_sync,
             points=c.points,
             shards=shards,
+            indexes={f.field: FIELD_TYPE_NAMES.get(f.type, "unspecified") for f in c.field_indexes},
         )
 
 
@@ -107,6 +130,10 @@ class SearchResult:
     hits: List[Hit]
     shards_answered: int
     shards_total: int
+    #: How each shard found its hits: dicts of shard, node, plan
+    #: ("graph", "exact", "scan", "filtered_graph", "empty"), matches
+    #: (exact if matches_exact, else the planner's estimate) and compared.
+    explain: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def partial(self) -> bool:
@@ -125,10 +152,20 @@ class BatchSearchResult:
     results: List[List[Hit]]
     shards_answered: int
     shards_total: int
+    #: Per query, each shard's plan (as SearchResult.explain).
+    explain: List[List[Dict[str, Any]]] = field(default_factory=list)
 
     @property
     def partial(self) -> bool:
         return self.shards_answered < self.shards_total
+
+
+@dataclass
+class ScrollPage:
+    #: Matching points in ascending id order.
+    points: List["Point"]
+    #: Pass as `after` for the next page; None at the end.
+    next_after: Optional[int]
 
 
 @dataclass

@@ -23,10 +23,48 @@ use super::prepare::{Key, Leaf, Node, Test};
 /// Ids sampled from a column to estimate a range's share of the points.
 const SAMPLES: u32 = 256;
 
+/// Exactly some ids: as a bitmap (what sets combine as), or as the sorted
+/// list a column pass or a check of each id gave (what a scan reads, and
+/// turning it into a bitmap and back cost more than the scan's own
+/// comparisons at ten thousand ids).
+pub(crate) enum Ids {
+    Bits(RoaringBitmap),
+    Sorted(Vec<u32>),
+}
+
+impl Ids {
+    pub(crate) fn len(&self) -> u64 {
+        match self {
+            Ids::Bits(b) => b.len(),
+            Ids::Sorted(v) => v.len() as u64,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn contains(&self, id: u32) -> bool {
+        match self {
+            Ids::Bits(b) => b.contains(id),
+            Ids::Sorted(v) => v.binary_search(&id).is_ok(),
+        }
+    }
+
+    pub(crate) fn into_bits(self) -> RoaringBitmap {
+        match self {
+            Ids::Bits(b) => b,
+            // Sorted and without repeats by construction.
+            Ids::Sorted(v) => RoaringBitmap::from_sorted_iter(v).unwrap_or_default(),
+        }
+    }
+
+    fn and(self, other: Ids) -> Ids {
+        Ids::Bits(self.into_bits() & other.into_bits())
+    }
+}
+
 /// What a filter, or part of one, matches.
 pub(crate) enum Set {
     /// Exactly these ids, all live.
-    Ids(RoaringBitmap),
+    Ids(Ids),
     /// The ids passing `check` (which may pass retired ids too).
     Check {
         check: Check,
@@ -102,7 +140,7 @@ impl<'t> Evaluator<'t> {
     pub(crate) fn eval(&mut self, node: &Node) -> Result<Set> {
         Ok(match node {
             Node::All => Set::Check { check: Check::Not(Box::new(Check::In(RoaringBitmap::new()))), share: 1.0, count: Some(self.live) },
-            Node::None => Set::Ids(RoaringBitmap::new()),
+            Node::None => Set::Ids(Ids::Bits(RoaringBitmap::new())),
             Node::Ids(ids) => {
                 let mut set = RoaringBitmap::new();
                 for &id in ids {
@@ -110,7 +148,7 @@ impl<'t> Evaluator<'t> {
                         set.insert(internal);
                     }
                 }
-                Set::Ids(set)
+                Set::Ids(Ids::Bits(set))
             }
             Node::Leaf(leaf) => self.leaf(leaf)?,
             Node::And(parts) => self.and(parts)?,
@@ -120,10 +158,10 @@ impl<'t> Evaluator<'t> {
                     let mut union = RoaringBitmap::new();
                     for s in sets {
                         if let Set::Ids(b) = s {
-                            union |= b;
+                            union |= b.into_bits();
                         }
                     }
-                    Set::Ids(union)
+                    Set::Ids(Ids::Bits(union))
                 } else {
                     let none = sets.iter().map(|s| 1.0 - self.set_share(s)).product::<f64>();
                     Set::Check { check: Check::Or(sets.into_iter().map(into_check).collect()), share: 1.0 - none, count: None }
@@ -132,7 +170,7 @@ impl<'t> Evaluator<'t> {
             Node::Not(inner) => match self.eval(inner)? {
                 Set::Ids(b) => {
                     let count = self.live.saturating_sub(b.len());
-                    Set::Check { check: Check::NotIn(b), share: self.share(count), count: Some(count) }
+                    Set::Check { check: Check::NotIn(b.into_bits()), share: self.share(count), count: Some(count) }
                 }
                 Set::Check { check, share, count } => {
                     Set::Check { check: Check::Not(Box::new(check)), share: 1.0 - share, count: count.map(|c| self.live.saturating_sub(c)) }
@@ -149,7 +187,7 @@ impl<'t> Evaluator<'t> {
     }
 
     fn and(&mut self, parts: &[Node]) -> Result<Set> {
-        let mut ids: Option<RoaringBitmap> = None;
+        let mut ids: Option<Ids> = None;
         let mut checks = Vec::new();
         let mut share = 1.0;
         // Ranges last: once the other parts leave fewer ids than a range
@@ -159,7 +197,7 @@ impl<'t> Evaluator<'t> {
             match self.eval(p)? {
                 Set::Ids(b) => {
                     ids = Some(match ids {
-                        Some(a) => a & b,
+                        Some(a) => a.and(b),
                         None => b,
                     });
                 }
@@ -171,17 +209,17 @@ impl<'t> Evaluator<'t> {
         }
         for p in ranges {
             let Some((field, lo, hi)) = indexed_range(p) else { continue };
-            let estimate = self.sample(field, lo, hi)?;
+            let (estimate, spread) = self.sampled(field, lo, hi)?;
             let set = match &ids {
                 Some(few) if (few.len() as f64) < estimate => {
                     Set::Check { check: Check::Range { field, lo, hi }, share: self.share(estimate.round() as u64), count: None }
                 }
-                _ => self.range(field, lo, hi, estimate)?,
+                _ => self.range(field, lo, hi, estimate, spread)?,
             };
             match set {
                 Set::Ids(b) => {
                     ids = Some(match ids {
-                        Some(a) => a & b,
+                        Some(a) => a.and(b),
                         None => b,
                     });
                 }
@@ -197,20 +235,17 @@ impl<'t> Evaluator<'t> {
             // Few enough to check each now: exact, and a scan can use it.
             Some(ids) if ids.len() <= self.limits.gather.saturating_mul(4) => {
                 let check = Check::And(checks);
-                let mut keep = std::mem::take(&mut self.columns.ids);
-                keep.clear();
-                for id in &ids {
+                let mut keep = Vec::new();
+                for id in ids.into_bits().iter() {
                     if self.check(&check, id)? {
                         keep.push(id);
                     }
                 }
-                let set = RoaringBitmap::from_sorted_iter(keep.iter().copied()).unwrap_or_default();
-                self.columns.ids = keep;
-                Ok(Set::Ids(set))
+                Ok(Set::Ids(Ids::Sorted(keep)))
             }
             Some(ids) => {
                 let share = self.share(ids.len()) * share;
-                checks.insert(0, Check::In(ids));
+                checks.insert(0, Check::In(ids.into_bits()));
                 Ok(Set::Check { check: Check::And(checks), share, count: None })
             }
         }
@@ -219,16 +254,18 @@ impl<'t> Evaluator<'t> {
     /// A range of `field`'s numbers estimated to hold `estimate` points:
     /// gathered if few (from its value sets when they are few, else by a
     /// pass over the column), else checked point by point.
-    fn range(&mut self, field: u16, lo: u64, hi: u64, estimate: f64) -> Result<Set> {
+    fn range(&mut self, field: u16, lo: u64, hi: u64, estimate: f64, spread: f64) -> Result<Set> {
         if estimate > self.limits.gather as f64 {
             return Ok(Set::Check { check: Check::Range { field, lo, hi }, share: self.share(estimate.round() as u64), count: None });
         }
         // A value's set costs about what 500 ids of a column pass do.
         let max_values = (self.next_id as usize / 500).max(16);
-        match postings::range_union(self.store, self.txn, field, lo, hi, max_values)? {
-            Some(set) => Ok(Set::Ids(set)),
-            None => Ok(Set::Ids(columns::ids_in_range(self.store, self.txn, field, lo, hi, &mut self.columns.ids)?)),
+        if spread <= max_values as f64
+            && let Some(set) = postings::range_union(self.store, self.txn, field, lo, hi, max_values)?
+        {
+            return Ok(Set::Ids(Ids::Bits(set)));
         }
+        Ok(Set::Ids(Ids::Sorted(columns::ids_in_range(self.store, self.txn, field, lo, hi)?)))
     }
 
     fn leaf(&mut self, leaf: &Leaf) -> Result<Set> {
@@ -248,7 +285,7 @@ impl<'t> Evaluator<'t> {
                     };
                     set |= postings::read(store, txn, &key)?;
                 }
-                Ok(Set::Ids(set))
+                Ok(Set::Ids(Ids::Bits(set)))
             }
             Test::Empty => {
                 let present = postings::read(store, txn, &postings::key(field, postings::PRESENT, &[]))?;
@@ -256,30 +293,39 @@ impl<'t> Evaluator<'t> {
                 Ok(Set::Check { check: Check::NotIn(present), share: self.share(count), count: Some(count) })
             }
             &Test::Range { lo, hi } => {
-                let estimate = self.sample(field, lo, hi)?;
-                self.range(field, lo, hi, estimate)
+                let (estimate, spread) = self.sampled(field, lo, hi)?;
+                self.range(field, lo, hi, estimate, spread)
             }
         }
     }
 
     /// Points estimated to hold a value of `field` in `lo..=hi`, from
-    /// [`SAMPLES`] ids spread over the id space.
-    fn sample(&mut self, field: u16, lo: u64, hi: u64) -> Result<f64> {
+    /// [`SAMPLES`] ids spread over the id space, and how many distinct
+    /// values the range is estimated to hold (what gathering it from its
+    /// value sets costs).
+    fn sampled(&mut self, field: u16, lo: u64, hi: u64) -> Result<(f64, f64)> {
         let n = self.next_id;
         if n == 0 {
-            return Ok(0.0);
+            return Ok((0.0, 0.0));
         }
         let samples = SAMPLES.min(n);
-        let mut hits = 0u32;
+        let mut hits: Vec<u64> = Vec::new();
         for j in 0..samples {
             // Evenly spread, starting half a step in.
             let id = ((u64::from(j) * 2 + 1) * u64::from(n) / (2 * u64::from(samples))) as u32;
             let v = self.column_value(field, id)?;
             if lo <= v && v <= hi {
-                hits += 1;
+                hits.push(v);
             }
         }
-        Ok(f64::from(hits) / f64::from(samples) * f64::from(n))
+        let found = hits.len() as f64;
+        let estimate = found / f64::from(samples) * f64::from(n);
+        hits.sort_unstable();
+        hits.dedup();
+        // Values seen once each in the sample are taken as unique to a
+        // point: as many values as points.
+        let spread = if found == 0.0 { 0.0 } else { estimate * hits.len() as f64 / found };
+        Ok((estimate, spread))
     }
 
     /// True if `id` passes `check`.
@@ -343,7 +389,7 @@ fn indexed_range(node: &Node) -> Option<(u16, u64, u64)> {
 
 fn into_check(s: Set) -> Check {
     match s {
-        Set::Ids(b) => Check::In(b),
+        Set::Ids(b) => Check::In(b.into_bits()),
         Set::Check { check, .. } => check,
     }
 }

@@ -268,7 +268,7 @@ impl Index {
         // SAFETY: a new cache, used with this transaction only.
         let mut eval = unsafe { crate::filter::on_index::Evaluator::new(store, wtxn, state.next_id, state.live, limits, &mut columns) };
         let ids = match eval.eval(&node)? {
-            crate::filter::on_index::Set::Ids(ids) => ids,
+            crate::filter::on_index::Set::Ids(ids) => ids.into_bits(),
             crate::filter::on_index::Set::Check { check, .. } => {
                 let tombstones = if state.tombstones > 0 { crate::tombstone_set::TombstoneSet::read(store, wtxn, state)? } else { None };
                 crate::filter::on_index::matching_ids(&mut eval, &check, state.next_id, tombstones.as_ref())?

@@ -10,7 +10,7 @@ use crate::cache::SharedAddrs;
 use crate::error::{InvalidInput, Result};
 use crate::fields::Schema;
 use crate::filter::Filter;
-use crate::filter::on_index::{Evaluator, Limits, Set, matching_ids};
+use crate::filter::on_index::{Evaluator, Ids, Limits, Set, matching_ids};
 use crate::filter::prepare::{self, Node};
 use crate::hnsw::{Admit, Scored, greedy_closest, prefetch, walk_layer};
 use crate::index::Rescore;
@@ -119,13 +119,13 @@ impl Session {
             Set::Check { share, count, .. } => (count.unwrap_or((share * state.live as f64).round() as u64), count.is_some()),
         };
         let graph_share = if state.next_id == 0 { 0.0 } else { matches as f64 / f64::from(state.next_id) };
-        let mut plan = planner::choose(opts, matches, known, graph_share, true);
+        let mut plan = planner::choose(opts, matches, known, graph_share, sp.ef.max(sp.k), true);
         if matches!(plan, Plan::Exact | Plan::Scan)
             && let Set::Check { check, .. } = &set
         {
             // Known to be few, but only as a count: find them.
             let ids = matching_ids(&mut eval, check, state.next_id, tombstones.as_ref().and_then(Option::as_ref))?;
-            set = Set::Ids(ids);
+            set = Set::Ids(Ids::Bits(ids));
         }
         // SAFETY: `cache` only ever receives pointers read through `txn`: it
         // is created with the session and never shared; `frozen` is derived
@@ -151,6 +151,11 @@ impl Session {
             }
             _ => {
                 plan = Plan::FilteredGraph;
+                // A walk asks about every node it meets: a bitmap answers
+                // faster than a search of a list.
+                if let Set::Ids(ids @ Ids::Sorted(_)) = &mut set {
+                    *ids = Ids::Bits(std::mem::replace(ids, Ids::Sorted(Vec::new())).into_bits());
+                }
                 let Some((entry, top)) = state.entry.filter(|_| state.live > 0) else {
                     found.clear();
                     return Ok(Found { hits: Vec::new(), explain: Explain { plan, matches, matches_exact: known, compared: 0 } });
@@ -207,6 +212,7 @@ impl Session {
         let Session { cache, found, txn, log, list, .. } = self;
         // SAFETY: as in `search_where`.
         let mut view = unsafe { TxnView::new(txn, store, cache, frozen, log, params) };
+        let ids = Ids::Bits(ids);
         let list = listed(list, &ids);
         exact(&mut view, params.metric, query, list, sp.k, found, stop)?;
         let hits = hits_of(&mut view, store, txn, params.metric, found, sp.with_payload, stop)?;
@@ -263,7 +269,7 @@ impl Session {
                 // than walk the id map past every point that does not match.
                 Some(Set::Ids(b)) if b.len() <= (limit as u64).saturating_mul(64).max(4096) => {
                     let mut all = Vec::with_capacity(b.len() as usize);
-                    for id in &b {
+                    for id in b.into_bits().iter() {
                         let external = super::read_node(store, txn, id)?.external;
                         if external >= start {
                             all.push((external, id));
@@ -311,9 +317,25 @@ impl Session {
 }
 
 /// `ids` as a sorted list, in `buffer`.
-fn listed<'b>(buffer: &'b mut Vec<u32>, ids: &RoaringBitmap) -> &'b [u32] {
+fn listed<'b>(buffer: &'b mut Vec<u32>, ids: &'b Ids) -> &'b [u32] {
+    let ids = match ids {
+        Ids::Sorted(v) => return v,
+        Ids::Bits(b) => b,
+    };
     buffer.clear();
-    buffer.extend(ids.iter());
+    buffer.resize(ids.len() as usize, 0);
+    // In bulk: an id at a time through the iterator cost as much as a
+    // scan's comparison of it.
+    let mut it = ids.iter();
+    let mut at = 0;
+    while at < buffer.len() {
+        let n = it.next_many(&mut buffer[at..]).len();
+        if n == 0 {
+            break;
+        }
+        at += n;
+    }
+    buffer.truncate(at);
     buffer
 }
 

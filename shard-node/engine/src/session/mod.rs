@@ -178,7 +178,7 @@ impl Session {
         // A graph that is mostly tombstones is a filter matching few
         // points: compare them all rather than walk the dead.
         let share = state.live as f64 / f64::from(state.next_id.max(1));
-        if skip && crate::planner::choose(planner, state.live, true, share, false) == Plan::Exact {
+        if skip && crate::planner::choose(planner, state.live, true, share, sp.ef, false) == Plan::Exact {
             return self.search_live_exactly(store, shared, params, query, sp, stop);
         }
         // Capped at the live count: results can never hold more, and with
