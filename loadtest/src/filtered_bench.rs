@@ -91,6 +91,10 @@ pub(crate) struct Args {
     /// searches; no baseline is built then).
     #[arg(long)]
     reuse: Option<PathBuf>,
+    /// Also run every case through an embedded cluster of this many
+    /// shards (loopback gRPC) and compare its ids with the single index's.
+    #[arg(long)]
+    cluster_shards: Option<u32>,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -142,8 +146,9 @@ pub(crate) fn run(a: Args) -> Result<()> {
         && keep.join("data.mdb").exists()
     {
         let index = Index::open(keep, opts)?;
-        let out_cases = search_cases(&a, &index, &cases, &queries, n)?;
-        let out = json!({"lib": "shoal", "reused": keep, "params": {"planner": planner_json}, "cases": out_cases});
+        let (out_cases, single) = search_cases(&a, &index, &cases, &queries, n)?;
+        let cluster = through_cluster(&a, &base, n, &rows, &queries, &cases, single)?;
+        let out = json!({"lib": "shoal", "reused": keep, "params": {"planner": planner_json}, "cases": out_cases, "cluster": cluster});
         return write_out(&a, &out);
     }
     let baseline = if a.no_baseline || a.reuse.is_some() {
@@ -155,7 +160,9 @@ pub(crate) fn run(a: Args) -> Result<()> {
     };
     let dir = a.reuse.clone().unwrap_or_else(|| root.path().join("indexed"));
     let (index, build) = build(&dir, params, opts, &base, n, &rows, true, a.batch_size)?;
-    let out_cases = search_cases(&a, &index, &cases, &queries, n)?;
+    let (out_cases, single) = search_cases(&a, &index, &cases, &queries, n)?;
+    drop(index);
+    let cluster = through_cluster(&a, &base, n, &rows, &queries, &cases, single)?;
     let out = json!({
         "lib": "shoal",
         "params": {"m": a.m, "ef_construction": a.ef_construction, "threads": a.threads, "metric": "cosine", "base": n,
@@ -165,8 +172,28 @@ pub(crate) fn run(a: Args) -> Result<()> {
         "build": build,
         "baseline": baseline,
         "cases": out_cases,
+        "cluster": cluster,
     });
     write_out(&a, &out)
+}
+
+/// With `--cluster-shards`, every case again through a cluster.
+fn through_cluster(
+    a: &Args,
+    base: &VecFile,
+    n: usize,
+    rows: &[Vec<u8>],
+    queries: &[Vec<f32>],
+    cases: &[Case],
+    single: FoundIds,
+) -> Result<Value> {
+    let Some(shards) = a.cluster_shards else { return Ok(Value::Null) };
+    let runs = cases
+        .iter()
+        .zip(single)
+        .map(|(c, single)| crate::filtered_cluster::CaseRun { name: &c.name, filter: &c.filter, truth: &c.truth, single })
+        .collect::<Vec<_>>();
+    crate::filtered_cluster::run(shards, base, n, rows, &INDEXES, queries, &a.ef, K, &runs)
 }
 
 fn write_out(a: &Args, out: &Value) -> Result<()> {
@@ -177,15 +204,21 @@ fn write_out(a: &Args, out: &Value) -> Result<()> {
     Ok(())
 }
 
-/// Every case at every ef: recall, QPS and the plans the searches ran.
-fn search_cases(a: &Args, index: &Index, cases: &[Case], queries: &[Vec<f32>], n: usize) -> Result<Vec<Value>> {
+/// Ids found per case, per ef, per query.
+type FoundIds = Vec<Vec<Vec<Vec<u64>>>>;
+
+/// Every case at every ef: recall, QPS and the plans the searches ran;
+/// and the ids found.
+fn search_cases(a: &Args, index: &Index, cases: &[Case], queries: &[Vec<f32>], n: usize) -> Result<(Vec<Value>, FoundIds)> {
     // A pass of unfiltered searches first, so that no case pays for
     // faulting the index's pages in (a reused index opens cold).
     for q in queries.iter().take(200) {
         index.search(q, SearchParams::new(K, 64))?;
     }
     let mut out_cases = Vec::new();
+    let mut ids = Vec::new();
     for case in cases {
+        let mut case_ids = Vec::new();
         let count = index.count(Where::new(&case.filter))?;
         if count != case.matches.len() as u64 {
             bail!("case {}: shoal counts {count} matches, the payload {}", case.name, case.matches.len());
@@ -201,6 +234,7 @@ fn search_cases(a: &Args, index: &Index, cases: &[Case], queries: &[Vec<f32>], n
                 found.push(index.search_where(q, sp, Where::new(&case.filter), &Stop::never())?);
             }
             let dt = t.elapsed().as_secs_f64();
+            case_ids.push(found.iter().map(|f| f.hits.iter().map(|h| h.id).collect()).collect());
             for (f, truth) in found.iter().zip(&case.truth) {
                 let truth: HashSet<u32> = truth.iter().copied().collect();
                 total += truth.len();
@@ -232,8 +266,9 @@ fn search_cases(a: &Args, index: &Index, cases: &[Case], queries: &[Vec<f32>], n
         eprintln!("{:28} {:7.3}%  search:{}", case.name, 100.0 * selectivity, line.join(" "));
         out_cases.push(json!({"name": case.name, "filter": case.filter_json, "selectivity": round(selectivity, 6),
                               "matches": case.matches.len(), "search": res}));
+        ids.push(case_ids);
     }
-    Ok(out_cases)
+    Ok((out_cases, ids))
 }
 
 fn plan_names(plans: &Value) -> String {

@@ -8,6 +8,7 @@ mod compare;
 mod disk_bench;
 mod disk_compare;
 mod filtered_bench;
+mod filtered_cluster;
 use shoal_ops::vectors::fvecs;
 mod groundtruth;
 mod hardening;

@@ -194,18 +194,7 @@ impl<'t> Evaluator<'t> {
         // matches, checking those ids' values beats gathering the range.
         let (ranges, rest): (Vec<&Node>, Vec<&Node>) = parts.iter().partition(|p| indexed_range(p).is_some());
         for p in rest {
-            match self.eval(p)? {
-                Set::Ids(b) => {
-                    ids = Some(match ids {
-                        Some(a) => a.and(b),
-                        None => b,
-                    });
-                }
-                Set::Check { check, share: s, .. } => {
-                    share *= s;
-                    checks.push(check);
-                }
-            }
+            meet(self.eval(p)?, &mut ids, &mut share, &mut checks);
         }
         for p in ranges {
             let Some((field, lo, hi)) = indexed_range(p) else { continue };
@@ -216,18 +205,7 @@ impl<'t> Evaluator<'t> {
                 }
                 _ => self.range(field, lo, hi, estimate, spread)?,
             };
-            match set {
-                Set::Ids(b) => {
-                    ids = Some(match ids {
-                        Some(a) => a.and(b),
-                        None => b,
-                    });
-                }
-                Set::Check { check, share: s, .. } => {
-                    share *= s;
-                    checks.push(check);
-                }
-            }
+            meet(set, &mut ids, &mut share, &mut checks);
         }
         match ids {
             None => Ok(Set::Check { check: Check::And(checks), share, count: None }),
@@ -391,5 +369,22 @@ fn into_check(s: Set) -> Check {
     match s {
         Set::Ids(b) => Check::In(b.into_bits()),
         Set::Check { check, .. } => check,
+    }
+}
+
+/// Folds one part of an AND into what the parts before it left: ids
+/// intersect, checks pile up with their shares multiplied.
+fn meet(set: Set, ids: &mut Option<Ids>, share: &mut f64, checks: &mut Vec<Check>) {
+    match set {
+        Set::Ids(b) => {
+            *ids = Some(match ids.take() {
+                Some(a) => a.and(b),
+                None => b,
+            });
+        }
+        Set::Check { check, share: s, .. } => {
+            *share *= s;
+            checks.push(check);
+        }
     }
 }
