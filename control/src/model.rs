@@ -402,11 +402,37 @@ pub struct Member {
     pub address: String,
     pub state: NodeState,
     pub capacity: Capacity,
+    /// Which life of the node this is: an id the node keeps in its data
+    /// directory. A registration whose lease is still alive is taken over
+    /// by a new one of the same incarnation (the node restarted after a
+    /// crash, on the same data), and refused to any other. Empty: none
+    /// (never taken over).
+    pub incarnation: String,
 }
 
 impl Member {
     /// A member known from static configuration: serving, capacity unknown.
     pub fn configured(id: NodeId, address: String) -> Self {
-        Member { id, address, state: NodeState::Serving, capacity: Capacity::default() }
+        Member { id, address, state: NodeState::Serving, capacity: Capacity::default(), incarnation: String::new() }
+    }
+
+    /// Whether a registration of `self` may replace `live`'s, whose lease
+    /// has not ended: the same node on the same data, restarted.
+    pub fn succeeds(&self, live: &Member) -> bool {
+        !self.incarnation.is_empty() && self.incarnation == live.incarnation
+    }
+
+    /// What a registration of `self` is refused with while `live` holds
+    /// the id under a lease of `ttl`.
+    pub fn refused_by(&self, live: &Member, ttl: std::time::Duration) -> String {
+        let holder = if live.incarnation.is_empty() || self.incarnation.is_empty() {
+            format!("held by a process at {} that keeps no incarnation", live.address)
+        } else {
+            format!(
+                "held by another process, with another data directory, at {} (incarnation {}, this one {})",
+                live.address, live.incarnation, self.incarnation
+            )
+        };
+        format!("node {} ({holder}: stop that process, or wait at most {ttl:?} for its lease to end if it is gone)", self.id)
     }
 }

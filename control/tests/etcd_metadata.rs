@@ -87,6 +87,7 @@ mod etcd_conformance {
         concurrent_changes_on_one_revision_let_one_win,
         registrations_show_members_until_they_leave,
         dropped_registrations_end_after_their_ttl,
+        a_restart_on_the_same_data_takes_its_registration_over,
         second_candidate_wins_when_the_first_resigns,
         a_dropped_leadership_passes_on_within_the_ttl,
         leadership_is_lost_when_the_term_ends,

@@ -18,9 +18,7 @@
 //! run's duration.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +30,7 @@ use shoal_proto::v1;
 use shoal_proto::v1::shoal_client::ShoalClient;
 use tonic::transport::Channel;
 
+use crate::etcd_server::Etcd;
 use crate::procs::{ClusterSpec, Launcher, ProcessCluster};
 
 /// What to run.
@@ -239,81 +238,6 @@ impl ChaosReport {
         }
         out
     }
-}
-
-/// An etcd of the run's own, so that it can be restarted.
-struct Etcd {
-    child: Option<Child>,
-    dir: PathBuf,
-    client_port: u16,
-    peer_port: u16,
-}
-
-impl Etcd {
-    fn start(dir: &Path) -> anyhow::Result<Etcd> {
-        let (client_port, peer_port) = (free_port()?, free_port()?);
-        let mut e = Etcd { child: None, dir: dir.to_owned(), client_port, peer_port };
-        e.spawn()?;
-        Ok(e)
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
-    }
-
-    fn spawn(&mut self) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("etcd.log"))?;
-        let (client, peer) = (self.endpoint(), format!("http://127.0.0.1:{}", self.peer_port));
-        let child = Command::new("etcd")
-            .args(["--name", "chaos", "--data-dir"])
-            .arg(self.dir.join("etcd-data"))
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("chaos={peer}")])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting `etcd` (Debian's etcd-server; ops/test.sh installs it)")?;
-        self.child = Some(child);
-        let started = Instant::now();
-        while !self.healthy() {
-            if started.elapsed() > Duration::from_secs(20) {
-                bail!("etcd did not answer within 20 s; see {}", self.dir.join("etcd.log").display());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(())
-    }
-
-    /// `GET /health` answers `"health":"true"`.
-    fn healthy(&self) -> bool {
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.client_port)) else { return false };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        if s.write_all(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n").is_err() {
-            return false;
-        }
-        let mut body = String::new();
-        let _ = s.read_to_string(&mut body);
-        body.contains("\"health\":\"true\"")
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// The base set, the queries and their exact top 10 over it. Ingested

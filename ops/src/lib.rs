@@ -10,6 +10,7 @@ pub mod ctl;
 pub mod demo;
 pub mod demo_data;
 pub mod embedded;
+pub mod etcd_server;
 pub mod ingest;
 pub mod placement;
 pub mod points;

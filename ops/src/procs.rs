@@ -221,6 +221,28 @@ impl Proc {
         Err(last.unwrap_or_else(|| anyhow::anyhow!("restart failed")))
     }
 
+    /// Starts it again once, as a service manager would right after a
+    /// crash: no retry, so a start that is refused fails here.
+    pub fn restart_once(&mut self) -> anyhow::Result<()> {
+        if self.exited()?.is_none() {
+            self.kill()?;
+        }
+        let mut spec = self.spec.clone();
+        set_flag(&mut spec.args, "--listen", &self.addr.to_string());
+        *self = Proc::start(self.role, &self.id, spec, self.log.clone())?;
+        Ok(())
+    }
+
+    /// Starts a second process like this one (same id and settings) on
+    /// another port with `data_dir`, its log in `log`: what an operator's
+    /// mistake would start.
+    pub fn start_twin(&self, data_dir: &Path, log: PathBuf) -> anyhow::Result<Proc> {
+        let mut spec = self.spec.clone();
+        set_flag(&mut spec.args, "--listen", "127.0.0.1:0");
+        set_flag(&mut spec.args, "--data-dir", &data_dir.to_string_lossy());
+        Proc::start(self.role, &self.id, spec, log)
+    }
+
     /// Resident memory, from /proc.
     pub fn rss_bytes(&self) -> anyhow::Result<u64> {
         proc_status_kib(self.pid(), "VmRSS:").map(|k| k * 1024)

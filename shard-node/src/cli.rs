@@ -69,7 +69,15 @@ pub fn main(cli: Cli) -> anyhow::Result<()> {
 /// gracefully. Prints `shard node <id> listening on <addr>` once serving.
 pub async fn serve(cfg: ShardNodeConfig) -> anyhow::Result<()> {
     let telemetry = shoal_server::telemetry::init("shoal-shard-node", &cfg.node_id, &cfg.telemetry);
-    let node = RunningShardNode::start(&cfg).await?;
+    // Starting waits for etcd if it is down; a signal meanwhile stops it.
+    let node = tokio::select! {
+        node = RunningShardNode::start(&cfg) => node?,
+        () = shoal_server::shutdown_signal() => {
+            println!("stopped before joining the cluster");
+            telemetry.flush();
+            return Ok(());
+        }
+    };
     println!("shard node {} listening on {}", cfg.node_id, node.addr);
     shoal_server::shutdown_signal().await;
     println!("shutting down: finishing queued batches");

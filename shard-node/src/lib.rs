@@ -6,6 +6,7 @@ mod admit;
 pub mod cli;
 pub mod config;
 mod convert;
+pub mod data_dir;
 mod fields;
 mod files;
 pub mod filters;

@@ -29,18 +29,21 @@ pub struct Presence {
 
 impl Presence {
     /// Registers `id` at `address` and keeps it registered until `leave`.
-    /// Fails only if the first registration fails (another live node has
-    /// this id, or the store cannot be reached): a node must not serve
-    /// believing it is a member when it is not.
+    /// Fails only if the first registration fails (another live process
+    /// has this id, or the store cannot be reached): a node must not serve
+    /// believing it is a member when it is not. `incarnation` is its data
+    /// directory's: a registration of this node's previous run, left by a
+    /// crash, is taken over at once.
     pub async fn join(
         store: Arc<dyn MetadataStore>,
         id: NodeId,
         address: String,
+        incarnation: String,
         host: Arc<ShardHost>,
         data_dir: PathBuf,
         ttl: Duration,
     ) -> Result<Presence, MetaError> {
-        let me = Me { id, address, host, data_dir };
+        let me = Me { id, address, incarnation, host, data_dir };
         let mut current = me.describe().await;
         let mut reg = store.register(current.clone(), ttl).await?;
         tracing::info!(node = %current.id, address = %current.address, ?ttl, "registered in the cluster");
@@ -106,6 +109,7 @@ impl Drop for Presence {
 struct Me {
     id: NodeId,
     address: String,
+    incarnation: String,
     host: Arc<ShardHost>,
     data_dir: PathBuf,
 }
@@ -119,6 +123,7 @@ impl Me {
             address: self.address.clone(),
             state: NodeState::Serving,
             capacity: Capacity { disk_free_bytes, shards },
+            incarnation: self.incarnation.clone(),
         }
     }
 }
@@ -156,6 +161,7 @@ mod tests {
             address: "http://127.0.0.1:1".into(),
             state: NodeState::Serving,
             capacity: Capacity { disk_free_bytes: free, shards },
+            incarnation: String::new(),
         }
     }
 

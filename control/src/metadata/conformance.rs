@@ -95,6 +95,7 @@ fn member(id: &str, port: u16) -> Member {
         address: format!("http://127.0.0.1:{port}"),
         state: NodeState::Serving,
         capacity: Capacity { disk_free_bytes: 1 << 30, shards: 0 },
+        incarnation: String::new(),
     }
 }
 
@@ -362,6 +363,34 @@ pub async fn dropped_registrations_end_after_their_ttl(f: &impl StoreFactory) {
     again.leave().await.expect("leave");
 }
 
+/// A node restarted on the same data (the same incarnation) takes over a
+/// registration whose lease has not ended, at once, and keeps it past the
+/// old lease's TTL; one of another incarnation, or of none, is refused
+/// with a message naming who holds the id.
+pub async fn a_restart_on_the_same_data_takes_its_registration_over(f: &impl StoreFactory) {
+    let (a, b) = (f.open().await, f.open().await);
+    let m = Member { incarnation: "0123abcd".into(), ..member("node-again", 7703) };
+    let crashed = a.register(m.clone(), TTL).await.expect("register");
+    drop(crashed);
+    let restarted = Member { address: "http://127.0.0.1:7704".into(), ..m.clone() };
+    let reg = within("a takeover", PROPAGATION, b.register(restarted.clone(), TTL)).await.expect("the same incarnation takes over");
+    assert!(reg.is_alive());
+    view_where(a.as_ref(), "the takeover reaching a", PROPAGATION, |v| v.member(&m.id) == Some(&restarted)).await;
+    for other in [Member { incarnation: "ffff0000".into(), ..m.clone() }, Member { incarnation: String::new(), ..m.clone() }] {
+        match a.register(other.clone(), TTL).await {
+            Err(MetaError::AlreadyExists(e)) => {
+                assert!(e.contains("node-again") && e.contains("127.0.0.1:7704") && e.contains("stop that process"), "{e}")
+            }
+            r => panic!("incarnation {:?} registered over a live one: {:?}", other.incarnation, r.map(|_| ())),
+        }
+    }
+    // The crashed run's lease ends; the registration it lost stays.
+    tokio::time::sleep(TTL + TTL_MARGIN).await;
+    assert_eq!(b.sync().await.expect("sync").member(&m.id), Some(&restarted), "the old lease's end took the new registration");
+    assert!(reg.is_alive());
+    reg.leave().await.expect("leave");
+}
+
 async fn elect(s: &Arc<dyn MetadataStore>, candidate: &str) -> Leadership {
     within(&format!("{candidate} elected with no one else campaigning"), PROPAGATION, s.campaign(candidate.into(), TTL))
         .await
@@ -458,6 +487,7 @@ mod tests {
         concurrent_changes_on_one_revision_let_one_win,
         registrations_show_members_until_they_leave,
         dropped_registrations_end_after_their_ttl,
+        a_restart_on_the_same_data_takes_its_registration_over,
         second_candidate_wins_when_the_first_resigns,
         a_dropped_leadership_passes_on_within_the_ttl,
         leadership_is_lost_when_the_term_ends,

@@ -170,8 +170,8 @@ impl MetadataStore for InMemoryStore {
         let r = {
             let mut state = self.inner.state.lock();
             let id = member.id.clone();
-            if state.view.members.contains_key(&id) {
-                Err(MetaError::AlreadyExists(format!("node {id}")))
+            if let Some(live) = state.view.members.get(&id).filter(|live| !member.succeeds(live)) {
+                Err(MetaError::AlreadyExists(member.refused_by(live, ttl)))
             } else {
                 let lease = state.lease();
                 state.leases.insert(id.clone(), lease);

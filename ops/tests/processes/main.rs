@@ -18,6 +18,7 @@ mod hung_node;
 mod limits;
 mod moves;
 mod replicas;
+mod restarts;
 mod search_deadline;
 mod snapshots;
 mod telemetry;
@@ -80,6 +81,11 @@ fn main() -> ExitCode {
             "a_stopped_replica_costs_a_search_a_hedge_not_its_deadline",
             replicas::a_stopped_replica_costs_a_search_a_hedge_not_its_deadline,
         ),
+        trial(
+            "etcd_a_node_restarted_at_once_takes_its_registration_over",
+            restarts::etcd_a_node_restarted_at_once_takes_its_registration_over,
+        ),
+        trial("etcd_a_node_started_before_etcd_registers_once_it_is_up", restarts::etcd_a_node_started_before_etcd_registers_once_it_is_up),
         trial(
             "etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired",
             replicas::etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired,

@@ -348,6 +348,12 @@ impl Table<Name> {
         Ok(self.db.range(txn, &range)?.map(move |item| self.decoded(item)))
     }
 
+    /// The entries whose keys lie in `from..=to`, last key first.
+    pub(crate) fn rev_range_inclusive<'t>(self, txn: &'t RoTxn, from: &[u8], to: &[u8]) -> heed::Result<impl Iterator<Item = Entry<'t, Name>>> {
+        let range = (std::ops::Bound::Included(from), std::ops::Bound::Included(to));
+        Ok(self.db.rev_range(txn, &range)?.map(move |item| self.decoded(item)))
+    }
+
     /// The entries whose keys start with `prefix`, in key order.
     pub(crate) fn prefix<'t>(self, txn: &'t RoTxn, prefix: &[u8]) -> heed::Result<impl Iterator<Item = Entry<'t, Name>>> {
         Ok(self.db.prefix_iter(txn, prefix)?.map(move |item| self.decoded(item)))

@@ -86,6 +86,9 @@ struct MemberRecord {
     state: String,
     disk_free_bytes: u64,
     shards: u32,
+    /// Absent in records written before nodes kept one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    incarnation: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -204,6 +207,7 @@ pub(super) fn encode_member(m: &Member) -> Result<Vec<u8>, MetaError> {
         state: m.state.as_str().to_owned(),
         disk_free_bytes: m.capacity.disk_free_bytes,
         shards: m.capacity.shards,
+        incarnation: m.incarnation.clone(),
     };
     to_json(&format!("node {}", m.id), &record)
 }
@@ -211,7 +215,13 @@ pub(super) fn encode_member(m: &Member) -> Result<Vec<u8>, MetaError> {
 pub(super) fn decode_member(key: &str, id: NodeId, bytes: &[u8]) -> Result<Member, MetaError> {
     let r: MemberRecord = from_json(key, bytes)?;
     let state = NodeState::parse(&r.state).ok_or_else(|| corrupt(key, format!("node state {:?} is not a known one", r.state)))?;
-    Ok(Member { id, address: r.address, state, capacity: Capacity { disk_free_bytes: r.disk_free_bytes, shards: r.shards } })
+    Ok(Member {
+        id,
+        address: r.address,
+        state,
+        capacity: Capacity { disk_free_bytes: r.disk_free_bytes, shards: r.shards },
+        incarnation: r.incarnation,
+    })
 }
 
 /// The value of `drains/{id}`: the key is the mark; the value leaves room
@@ -285,9 +295,9 @@ mod tests {
         }
 
         #[test]
-        fn members_round_trip(id in "[!-~]{1,40}", address in ".{0,40}", state in 0..3usize, free: u64, shards: u32) {
+        fn members_round_trip(id in "[!-~]{1,40}", address in ".{0,40}", state in 0..3usize, free: u64, shards: u32, incarnation in "[0-9a-f]{0,32}") {
             let state = [NodeState::Serving, NodeState::Draining, NodeState::Removable][state];
-            let m = Member { id: NodeId::parse(&id).unwrap(), address, state, capacity: Capacity { disk_free_bytes: free, shards } };
+            let m = Member { id: NodeId::parse(&id).unwrap(), address, state, capacity: Capacity { disk_free_bytes: free, shards }, incarnation };
             let bytes = encode_member(&m).unwrap();
             prop_assert_eq!(decode_member("k", m.id.clone(), &bytes).unwrap(), m);
         }

@@ -139,29 +139,61 @@ async fn keep_alive(client: Client, id: i64, ttl: Duration, call_timeout: Durati
     }
 }
 
-/// Registers `member` under a new lease; `AlreadyExists` if its key exists.
+/// Registers `member` under a new lease. If its key exists, a member of
+/// the same incarnation takes it over (the key moves to the new lease; the
+/// old one ends by itself); anyone else gets `AlreadyExists`.
 pub(super) async fn register(shared: Arc<Shared>, member: Member, ttl: Duration) -> Result<Registration, MetaError> {
     let key = shared.keys.node(&member.id);
     let value = codec::encode_member(&member)?;
     let lease = KeepAlive::grant(&shared, ttl).await?;
-    let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
-        key.clone(),
-        value,
-        Some(PutOptions::new().with_lease(lease.id())),
-    )]);
-    let resp = match shared.call(&format!("register node {}", member.id), shared.client.kv_client().txn(txn)).await {
-        Ok(resp) => resp,
-        Err(e) => {
-            lease.abandon(&shared).await;
-            return Err(e);
+    let put = || TxnOp::put(key.clone(), value.clone(), Some(PutOptions::new().with_lease(lease.id())));
+    // A takeover races only with another registration of the same id: a
+    // few rounds settle it (each round is one etcd call).
+    for _ in 0..3 {
+        let txn =
+            Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([put()]).or_else([TxnOp::get(key.clone(), None)]);
+        let resp = match shared.call(&format!("register node {}", member.id), shared.client.kv_client().txn(txn)).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                lease.abandon(&shared).await;
+                return Err(e);
+            }
+        };
+        if resp.succeeded() {
+            shared.catch_up(header_revision(resp.header())?).await;
+            return Ok(Registration::new(Box::new(EtcdLease { shared, id: member.id, key, lease })));
         }
-    };
-    if !resp.succeeded() {
-        lease.abandon(&shared).await;
-        return Err(MetaError::AlreadyExists(format!("node {}", member.id)));
+        let Some((live, revision)) = existing(&resp, &key, &member)? else { continue };
+        if !member.succeeds(&live) {
+            lease.abandon(&shared).await;
+            return Err(MetaError::AlreadyExists(member.refused_by(&live, ttl)));
+        }
+        let txn = Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, revision)]).and_then([put()]);
+        let resp = match shared.call(&format!("take over node {}", member.id), shared.client.kv_client().txn(txn)).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                lease.abandon(&shared).await;
+                return Err(e);
+            }
+        };
+        if resp.succeeded() {
+            tracing::info!(node = %member.id, "took over the registration of this node's previous run (its lease had not ended)");
+            shared.catch_up(header_revision(resp.header())?).await;
+            return Ok(Registration::new(Box::new(EtcdLease { shared, id: member.id, key, lease })));
+        }
     }
-    shared.catch_up(header_revision(resp.header())?).await;
-    Ok(Registration::new(Box::new(EtcdLease { shared, id: member.id, key, lease })))
+    lease.abandon(&shared).await;
+    Err(MetaError::Unavailable(format!("registering node {}: its key kept changing; try again", member.id)))
+}
+
+/// The live member a failed registration found, and its key's revision.
+fn existing(resp: &etcd_client::TxnResponse, key: &str, member: &Member) -> Result<Option<(Member, i64)>, MetaError> {
+    let kv = resp.op_responses().into_iter().find_map(|r| match r {
+        etcd_client::TxnOpResponse::Get(get) => get.kvs().first().map(|kv| (kv.value().to_vec(), kv.mod_revision())),
+        _ => None,
+    });
+    let Some((bytes, revision)) = kv else { return Ok(None) };
+    Ok(Some((codec::decode_member(key, member.id.clone(), &bytes)?, revision)))
 }
 
 struct EtcdLease {

@@ -104,6 +104,24 @@ pub(crate) fn range_union(store: &Store, txn: &RoTxn, field: u16, lo: u64, hi: u
     Ok(Some(sets.union()))
 }
 
+/// At most how many values of `field` lie in `lo..=hi` when its keys are
+/// whole numbers (integers, times), where consecutive numbers have
+/// consecutive keys: the span from the lowest present to the highest. Two
+/// seeks, where a sample can only guess.
+pub(crate) fn whole_span(store: &Store, txn: &RoTxn, field: u16, lo: u64, hi: u64) -> Result<u64> {
+    if lo > hi {
+        return Ok(0);
+    }
+    let (from, to) = (number_key(field, lo), number_key(field, hi));
+    let value = |k: &[u8]| k.get(3..11).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
+    let first = store.dbs.postings.range_inclusive(txn, &from, &to).map_err(|e| store.err(e))?.next().transpose().map_err(|e| store.err(e))?;
+    let last = store.dbs.postings.rev_range_inclusive(txn, &from, &to).map_err(|e| store.err(e))?.next().transpose().map_err(|e| store.err(e))?;
+    Ok(match (first.and_then(|(k, _)| value(k)), last.and_then(|(k, _)| value(k))) {
+        (Some(a), Some(b)) if b >= a => b - a + 1,
+        _ => 0,
+    })
+}
+
 /// Serialises a set for storing.
 pub(crate) fn encode(set: &RoaringBitmap) -> Vec<u8> {
     let mut out = Vec::with_capacity(set.serialized_size());

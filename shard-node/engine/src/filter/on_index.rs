@@ -99,6 +99,11 @@ pub(crate) struct Limits {
     /// its value sets (giving up past twice as many); a wider one is
     /// checked point by point.
     pub(crate) gather: u64,
+    /// Leave a range that only a pass over its whole column would gather
+    /// as a check with its estimate (`Check::Range`, no count): a search
+    /// gathers it only if its plan compares every match, since a walk asks
+    /// about just the nodes it meets, far fewer than the column holds.
+    pub(crate) defer_passes: bool,
 }
 
 /// Evaluates prepared filters in one transaction.
@@ -197,13 +202,13 @@ impl<'t> Evaluator<'t> {
             meet(self.eval(p)?, &mut ids, &mut share, &mut checks);
         }
         for p in ranges {
-            let Some((field, lo, hi)) = indexed_range(p) else { continue };
+            let Some((field, lo, hi, whole)) = indexed_range(p) else { continue };
             let (estimate, spread) = self.sampled(field, lo, hi)?;
             let set = match &ids {
                 Some(few) if (few.len() as f64) < estimate => {
                     Set::Check { check: Check::Range { field, lo, hi }, share: self.share(estimate.round() as u64), count: None }
                 }
-                _ => self.range(field, lo, hi, estimate, spread)?,
+                _ => self.range(field, lo, hi, whole, estimate, spread)?,
             };
             meet(set, &mut ids, &mut share, &mut checks);
         }
@@ -232,10 +237,13 @@ impl<'t> Evaluator<'t> {
     /// A range of `field`'s numbers estimated to hold `estimate` points:
     /// gathered if few (from its value sets when they are few, else by a
     /// pass over the column), else checked point by point.
-    fn range(&mut self, field: u16, lo: u64, hi: u64, estimate: f64, spread: f64) -> Result<Set> {
+    fn range(&mut self, field: u16, lo: u64, hi: u64, whole: bool, estimate: f64, spread: f64) -> Result<Set> {
         if estimate > self.limits.gather as f64 {
             return Ok(Set::Check { check: Check::Range { field, lo, hi }, share: self.share(estimate.round() as u64), count: None });
         }
+        // A sample sees a narrow range's values about once each, so it
+        // takes every point for a value of its own; whole numbers bound it.
+        let spread = if whole { spread.min(postings::whole_span(self.store, self.txn, field, lo, hi)? as f64) } else { spread };
         // A value's set costs about what 500 ids of a column pass do.
         let max_values = (self.next_id as usize / 500).max(16);
         if spread <= max_values as f64
@@ -243,6 +251,14 @@ impl<'t> Evaluator<'t> {
         {
             return Ok(Set::Ids(Ids::Bits(set)));
         }
+        if self.limits.defer_passes {
+            return Ok(Set::Check { check: Check::Range { field, lo, hi }, share: self.share(estimate.round() as u64), count: None });
+        }
+        Ok(Set::Ids(Ids::Sorted(columns::ids_in_range(self.store, self.txn, field, lo, hi)?)))
+    }
+
+    /// The ids of a range, by a pass over its column.
+    pub(crate) fn gather_range(&mut self, field: u16, lo: u64, hi: u64) -> Result<Set> {
         Ok(Set::Ids(Ids::Sorted(columns::ids_in_range(self.store, self.txn, field, lo, hi)?)))
     }
 
@@ -272,7 +288,7 @@ impl<'t> Evaluator<'t> {
             }
             &Test::Range { lo, hi } => {
                 let (estimate, spread) = self.sampled(field, lo, hi)?;
-                self.range(field, lo, hi, estimate, spread)
+                self.range(field, lo, hi, whole_numbers(leaf), estimate, spread)
             }
         }
     }
@@ -361,8 +377,16 @@ pub(crate) fn matching_ids(
 }
 
 /// A range on an indexed field: (field, lo, hi).
-fn indexed_range(node: &Node) -> Option<(u16, u64, u64)> {
-    if let Node::Leaf(Leaf { index: Some(field), test: Test::Range { lo, hi }, .. }) = node { Some((*field, *lo, *hi)) } else { None }
+fn indexed_range(node: &Node) -> Option<(u16, u64, u64, bool)> {
+    match node {
+        Node::Leaf(leaf @ Leaf { index: Some(field), test: Test::Range { lo, hi }, .. }) => Some((*field, *lo, *hi, whole_numbers(leaf))),
+        _ => None,
+    }
+}
+
+/// Whether the leaf's keys are whole numbers, one key apart.
+fn whole_numbers(leaf: &Leaf) -> bool {
+    matches!(leaf.kind, shoal_filter::FieldType::Integer | shoal_filter::FieldType::Datetime)
 }
 
 fn into_check(s: Set) -> Check {

@@ -264,7 +264,7 @@ impl Index {
             Err(other) => return Err(other),
         };
         let mut columns = crate::fields::columns::ColumnCache::default();
-        let limits = crate::filter::on_index::Limits { gather: planner.scan_max };
+        let limits = crate::filter::on_index::Limits { gather: planner.scan_max, defer_passes: false };
         // SAFETY: a new cache, used with this transaction only.
         let mut eval = unsafe { crate::filter::on_index::Evaluator::new(store, wtxn, state.next_id, state.live, limits, &mut columns) };
         let ids = match eval.eval(&node)? {

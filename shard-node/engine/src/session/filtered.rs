@@ -10,7 +10,7 @@ use crate::cache::SharedAddrs;
 use crate::error::{InvalidInput, Result};
 use crate::fields::Schema;
 use crate::filter::Filter;
-use crate::filter::on_index::{Evaluator, Ids, Limits, Set, matching_ids};
+use crate::filter::on_index::{Check, Evaluator, Ids, Limits, Set, matching_ids};
 use crate::filter::prepare::{self, Node};
 use crate::hnsw::{Admit, Scored, greedy_closest, prefetch, walk_layer};
 use crate::index::Rescore;
@@ -107,7 +107,7 @@ impl Session {
         stop.check()?;
         let state = self.state;
         self.ensure_tombstones(store)?;
-        let limits = Limits { gather: opts.scan_max };
+        let limits = Limits { gather: opts.scan_max, defer_passes: true };
         let frozen = self.frozen(shared);
         let Session { cache, scratch, found, txn, log, tombstones, columns, list, .. } = self;
         // SAFETY: the session's column cache only holds what its own
@@ -120,6 +120,23 @@ impl Session {
         };
         let graph_share = if state.next_id == 0 { 0.0 } else { matches as f64 / f64::from(state.next_id) };
         let mut plan = planner::choose(opts, matches, known, graph_share, sp.ef.max(sp.k), true);
+        if let Set::Check { check: Check::Range { field, lo, hi }, count: None, .. } = set
+            && matches!(planner::choose(opts, matches, true, graph_share, sp.ef.max(sp.k), true), Plan::Exact | Plan::Scan)
+        {
+            // A deferred range whose estimate plans a comparison of every
+            // match: gather it, and plan again on the exact count.
+            set = eval.gather_range(field, lo, hi)?;
+            let matches = match &set {
+                Set::Ids(b) => b.len(),
+                Set::Check { .. } => matches,
+            };
+            let graph_share = if state.next_id == 0 { 0.0 } else { matches as f64 / f64::from(state.next_id) };
+            plan = planner::choose(opts, matches, true, graph_share, sp.ef.max(sp.k), true);
+        }
+        let (matches, known) = match &set {
+            Set::Ids(b) => (b.len(), true),
+            Set::Check { .. } => (matches, known),
+        };
         if matches!(plan, Plan::Exact | Plan::Scan)
             && let Set::Check { check, .. } = &set
         {
@@ -228,7 +245,7 @@ impl Session {
         self.ensure_tombstones(store)?;
         let Session { txn, tombstones, columns, .. } = self;
         // SAFETY: as in `search_where`.
-        let mut eval = unsafe { Evaluator::new(store, txn, state.next_id, state.live, Limits { gather: opts.scan_max }, columns) };
+        let mut eval = unsafe { Evaluator::new(store, txn, state.next_id, state.live, Limits { gather: opts.scan_max, defer_passes: false }, columns) };
         match eval.eval(node)? {
             Set::Ids(b) => Ok(b.len()),
             Set::Check { count: Some(c), .. } => Ok(c),
@@ -262,7 +279,7 @@ impl Session {
         {
             let Session { txn, columns, .. } = &mut *self;
             // SAFETY: as in `search_where`.
-            let mut eval = unsafe { Evaluator::new(store, txn, state.next_id, state.live, Limits { gather: opts.scan_max }, columns) };
+            let mut eval = unsafe { Evaluator::new(store, txn, state.next_id, state.live, Limits { gather: opts.scan_max, defer_passes: false }, columns) };
             let set = if matches!(node, Node::All) { None } else { Some(eval.eval(node)?) };
             match set {
                 // Few matches: map them to their ids and sort those, rather
