@@ -90,7 +90,13 @@ async fn run_async(
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        batches.push(v1::IngestRequest { collection: "bench".into(), source: "bench".into(), offset: offset as u64, points, ..Default::default() });
+        batches.push(v1::IngestRequest {
+            collection: "bench".into(),
+            source: "bench".into(),
+            offset: offset as u64,
+            points,
+            ..Default::default()
+        });
     }
     let mut acks = c.ingest(tokio_stream::iter(batches)).await?.into_inner();
     let mut upserted = 0u64;
@@ -138,11 +144,8 @@ async fn run_async(
             }
             let dt = t.elapsed().as_secs_f64();
             let single_total: usize = case.single[e].iter().map(Vec::len).sum();
-            let single_hits: usize = case.single[e]
-                .iter()
-                .zip(case.truth)
-                .map(|(s, t)| s.iter().filter(|id| t.contains(&(**id as u32))).count())
-                .sum();
+            let single_hits: usize =
+                case.single[e].iter().zip(case.truth).map(|(s, t)| s.iter().filter(|id| t.contains(&(**id as u32))).count()).sum();
             res.push(json!({
                 "ef": ef,
                 "recall": ratio(hits, total),
@@ -155,7 +158,15 @@ async fn run_async(
         }
         let line: Vec<String> = res
             .iter()
-            .map(|r| format!("ef{} same {:.3} recall {:.3} (one shard {:.3})", r["ef"], num(&r["same_ids"]), num(&r["recall"]), num(&r["single_recall"])))
+            .map(|r| {
+                format!(
+                    "ef{} same {:.3} recall {:.3} (one shard {:.3})",
+                    r["ef"],
+                    num(&r["same_ids"]),
+                    num(&r["recall"]),
+                    num(&r["single_recall"])
+                )
+            })
             .collect();
         eprintln!("{:28} {}", case.name, line.join("; "));
         out.push(json!({"name": case.name, "search": res}));

@@ -50,7 +50,7 @@ impl RunningShardNode {
             let _ = stopped.await;
         }));
         tracing::info!(node = %cfg.node_id, %addr, data_dir = %cfg.data_dir.display(), "shard node serving");
-        let mut node = RunningShardNode { addr, host, presence: None, stop: Some(stop), task, data_dir: data_dir };
+        let mut node = RunningShardNode { addr, host, presence: None, stop: Some(stop), task, data_dir };
         if cfg.cluster.uses_etcd() {
             // Serving first: a coordinator that sees the registration can
             // reach the node at once.
@@ -78,8 +78,16 @@ impl RunningShardNode {
             let joined = async {
                 let store = shoal_control::metadata::open(&cfg.cluster).await?;
                 let incarnation = self.data_dir.incarnation().to_owned();
-                Presence::join(store, id.clone(), address.clone(), incarnation, Arc::clone(&self.host), cfg.data_dir.clone(), cfg.cluster.lease_ttl())
-                    .await
+                Presence::join(
+                    store,
+                    id.clone(),
+                    address.clone(),
+                    incarnation,
+                    Arc::clone(&self.host),
+                    cfg.data_dir.clone(),
+                    cfg.cluster.lease_ttl(),
+                )
+                .await
             };
             match joined.await {
                 Ok(p) => {

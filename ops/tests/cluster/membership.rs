@@ -23,7 +23,9 @@ const TTL: Duration = Duration::from_secs(1);
 
 async fn join(store: &Arc<dyn MetadataStore>, n: &RunningShardNode, id: &str, dir: &std::path::Path) -> Presence {
     let id = NodeId::parse(id).unwrap();
-    Presence::join(Arc::clone(store), id, format!("http://{}", n.addr), String::new(), Arc::clone(&n.host), dir.to_path_buf(), TTL).await.unwrap()
+    Presence::join(Arc::clone(store), id, format!("http://{}", n.addr), String::new(), Arc::clone(&n.host), dir.to_path_buf(), TTL)
+        .await
+        .unwrap()
 }
 
 /// Waits (bounded) until the store's view satisfies `ok`.

@@ -349,7 +349,12 @@ impl Table<Name> {
     }
 
     /// The entries whose keys lie in `from..=to`, last key first.
-    pub(crate) fn rev_range_inclusive<'t>(self, txn: &'t RoTxn, from: &[u8], to: &[u8]) -> heed::Result<impl Iterator<Item = Entry<'t, Name>>> {
+    pub(crate) fn rev_range_inclusive<'t>(
+        self,
+        txn: &'t RoTxn,
+        from: &[u8],
+        to: &[u8],
+    ) -> heed::Result<impl Iterator<Item = Entry<'t, Name>>> {
         let range = (std::ops::Bound::Included(from), std::ops::Bound::Included(to));
         Ok(self.db.rev_range(txn, &range)?.map(move |item| self.decoded(item)))
     }

@@ -150,8 +150,10 @@ pub(super) async fn register(shared: Arc<Shared>, member: Member, ttl: Duration)
     // A takeover races only with another registration of the same id: a
     // few rounds settle it (each round is one etcd call).
     for _ in 0..3 {
-        let txn =
-            Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([put()]).or_else([TxnOp::get(key.clone(), None)]);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([put()])
+            .or_else([TxnOp::get(key.clone(), None)]);
         let resp = match shared.call(&format!("register node {}", member.id), shared.client.kv_client().txn(txn)).await {
             Ok(resp) => resp,
             Err(e) => {
@@ -190,7 +192,7 @@ pub(super) async fn register(shared: Arc<Shared>, member: Member, ttl: Duration)
 fn existing(resp: &etcd_client::TxnResponse, key: &str, member: &Member) -> Result<Option<(Member, i64)>, MetaError> {
     let kv = resp.op_responses().into_iter().find_map(|r| match r {
         etcd_client::TxnOpResponse::Get(get) => get.kvs().first().map(|kv| (kv.value().to_vec(), kv.mod_revision())),
-        _ => None,
+        etcd_client::TxnOpResponse::Put(_) | etcd_client::TxnOpResponse::Delete(_) | etcd_client::TxnOpResponse::Txn(_) => None,
     });
     let Some((bytes, revision)) = kv else { return Ok(None) };
     Ok(Some((codec::decode_member(key, member.id.clone(), &bytes)?, revision)))

@@ -114,8 +114,10 @@ pub(crate) fn whole_span(store: &Store, txn: &RoTxn, field: u16, lo: u64, hi: u6
     }
     let (from, to) = (number_key(field, lo), number_key(field, hi));
     let value = |k: &[u8]| k.get(3..11).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
-    let first = store.dbs.postings.range_inclusive(txn, &from, &to).map_err(|e| store.err(e))?.next().transpose().map_err(|e| store.err(e))?;
-    let last = store.dbs.postings.rev_range_inclusive(txn, &from, &to).map_err(|e| store.err(e))?.next().transpose().map_err(|e| store.err(e))?;
+    let first =
+        store.dbs.postings.range_inclusive(txn, &from, &to).map_err(|e| store.err(e))?.next().transpose().map_err(|e| store.err(e))?;
+    let last =
+        store.dbs.postings.rev_range_inclusive(txn, &from, &to).map_err(|e| store.err(e))?.next().transpose().map_err(|e| store.err(e))?;
     Ok(match (first.and_then(|(k, _)| value(k)), last.and_then(|(k, _)| value(k))) {
         (Some(a), Some(b)) if b >= a => b - a + 1,
         _ => 0,

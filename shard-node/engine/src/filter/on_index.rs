@@ -378,9 +378,10 @@ pub(crate) fn matching_ids(
 
 /// A range on an indexed field: (field, lo, hi).
 fn indexed_range(node: &Node) -> Option<(u16, u64, u64, bool)> {
-    match node {
-        Node::Leaf(leaf @ Leaf { index: Some(field), test: Test::Range { lo, hi }, .. }) => Some((*field, *lo, *hi, whole_numbers(leaf))),
-        _ => None,
+    if let Node::Leaf(leaf @ Leaf { index: Some(field), test: Test::Range { lo, hi }, .. }) = node {
+        Some((*field, *lo, *hi, whole_numbers(leaf)))
+    } else {
+        None
     }
 }
 

@@ -245,7 +245,9 @@ impl Session {
         self.ensure_tombstones(store)?;
         let Session { txn, tombstones, columns, .. } = self;
         // SAFETY: as in `search_where`.
-        let mut eval = unsafe { Evaluator::new(store, txn, state.next_id, state.live, Limits { gather: opts.scan_max, defer_passes: false }, columns) };
+        let mut eval = unsafe {
+            Evaluator::new(store, txn, state.next_id, state.live, Limits { gather: opts.scan_max, defer_passes: false }, columns)
+        };
         match eval.eval(node)? {
             Set::Ids(b) => Ok(b.len()),
             Set::Check { count: Some(c), .. } => Ok(c),
@@ -279,7 +281,9 @@ impl Session {
         {
             let Session { txn, columns, .. } = &mut *self;
             // SAFETY: as in `search_where`.
-            let mut eval = unsafe { Evaluator::new(store, txn, state.next_id, state.live, Limits { gather: opts.scan_max, defer_passes: false }, columns) };
+            let mut eval = unsafe {
+                Evaluator::new(store, txn, state.next_id, state.live, Limits { gather: opts.scan_max, defer_passes: false }, columns)
+            };
             let set = if matches!(node, Node::All) { None } else { Some(eval.eval(node)?) };
             match set {
                 // Few matches: map them to their ids and sort those, rather
