@@ -49,7 +49,13 @@ impl DataDir {
                 let who = if holder.is_empty() { "another process".to_owned() } else { format!("process {holder}") };
                 bail!("the data directory {} is in use by {who} (a shard node on it); stop it first", path.display());
             }
-            Err(TryLockError::Error(e)) => return Err(e).with_context(|| format!("locking {}", lock_path.display())),
+            Err(TryLockError::Error(e)) => {
+                // Some network and FUSE file systems have no locks. Without
+                // one nothing proves the last run is gone, so no incarnation:
+                // a restart waits for the old lease to end, as it must.
+                tracing::warn!(dir = %path.display(), error = %e, "the data directory cannot be locked; a restart will wait for its previous registration's lease to end");
+                return Ok(DataDir { path: path.to_owned(), incarnation: String::new(), _lock: lock });
+            }
         }
         lock.set_len(0)?;
         write!(lock, "{}", std::process::id())?;
@@ -61,7 +67,8 @@ impl DataDir {
         &self.path
     }
 
-    /// This directory's id, the same on every run that uses it.
+    /// This directory's id, the same on every run that uses it; empty
+    /// where the directory cannot be locked.
     pub fn incarnation(&self) -> &str {
         &self.incarnation
     }
