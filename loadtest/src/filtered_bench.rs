@@ -193,7 +193,17 @@ fn through_cluster(
         .zip(single)
         .map(|(c, single)| crate::filtered_cluster::CaseRun { name: &c.name, filter: &c.filter, truth: &c.truth, single })
         .collect::<Vec<_>>();
-    crate::filtered_cluster::run(shards, base, n, rows, &INDEXES, queries, &a.ef, K, &runs)
+    crate::filtered_cluster::run(&crate::filtered_cluster::Run {
+        shards,
+        base,
+        n,
+        rows,
+        indexes: &INDEXES,
+        queries,
+        efs: &a.ef,
+        k: K,
+        cases: &runs,
+    })
 }
 
 fn write_out(a: &Args, out: &Value) -> Result<()> {

@@ -28,37 +28,26 @@ pub(crate) struct CaseRun<'a> {
     pub(crate) single: Vec<Vec<Vec<u64>>>,
 }
 
-/// The cluster's run of every case, one JSON object per case.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn run(
-    shards: u32,
-    base: &VecFile,
-    n: usize,
-    rows: &[Vec<u8>],
-    indexes: &[(&str, shoal_engine::FieldType)],
-    queries: &[Vec<f32>],
-    efs: &[usize],
-    k: usize,
-    cases: &[CaseRun<'_>],
-) -> Result<Value> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(run_async(shards, base, n, rows, indexes, queries, efs, k, cases))
+/// What the cluster run is given.
+pub(crate) struct Run<'a> {
+    pub(crate) shards: u32,
+    pub(crate) base: &'a VecFile,
+    pub(crate) n: usize,
+    pub(crate) rows: &'a [Vec<u8>],
+    pub(crate) indexes: &'a [(&'a str, shoal_engine::FieldType)],
+    pub(crate) queries: &'a [Vec<f32>],
+    pub(crate) efs: &'a [usize],
+    pub(crate) k: usize,
+    pub(crate) cases: &'a [CaseRun<'a>],
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_async(
-    shards: u32,
-    base: &VecFile,
-    n: usize,
-    rows: &[Vec<u8>],
-    indexes: &[(&str, shoal_engine::FieldType)],
-    queries: &[Vec<f32>],
-    efs: &[usize],
-    k: usize,
-    cases: &[CaseRun<'_>],
-) -> Result<Value> {
+/// The cluster's run of every case, one JSON object per case.
+pub(crate) fn run(r: &Run<'_>) -> Result<Value> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run_async(r))
+}
+
+async fn run_async(r: &Run<'_>) -> Result<Value> {
+    let Run { shards, base, n, rows, indexes, queries, efs, k, cases } = *r;
     let root = tempfile::tempdir()?;
     let cluster = EmbeddedCluster::start(EmbeddedConfig::ephemeral(root.path(), shards as usize)).await?;
     let mut c = cluster.client().await?;

@@ -94,12 +94,24 @@ pub(crate) async fn create(
     dim: u32,
     shards: u32,
 ) -> Result<v1::CollectionInfo, tonic::Status> {
+    create_replicated(client, name, dim, shards, 0).await
+}
+
+/// A cosine collection of `shards` shards with `factor` copies of each
+/// (0: the cluster's default).
+pub(crate) async fn create_replicated(
+    client: &mut ShoalClient<Channel>,
+    name: &str,
+    dim: u32,
+    shards: u32,
+    factor: u32,
+) -> Result<v1::CollectionInfo, tonic::Status> {
     let req = v1::CreateCollectionRequest {
         name: name.into(),
         dimension: dim,
         metric: v1::Metric::Cosine as i32,
         shard_count: shards,
-        index: None,
+        replication_factor: factor,
         ..Default::default()
     };
     Ok(client.create_collection(req).await?.into_inner())

@@ -13,7 +13,7 @@ use shoal_proto::v1::shoal_client::ShoalClient;
 use tonic::transport::Channel;
 
 use crate::check;
-use crate::common::{Fixture, points, points_in, rng, upsert_all};
+use crate::common::{Fixture, create_replicated, points, points_in, rng, upsert_all};
 
 const TTL: Duration = Duration::from_secs(2);
 const REPAIR_AFTER: Duration = Duration::from_secs(6);
@@ -73,15 +73,7 @@ pub(crate) fn etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired() ->
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut client = rt.block_on(fx.client())?;
     let before = rt.block_on(async {
-        let req = v1::CreateCollectionRequest {
-            name: "docs".into(),
-            dimension: DIM,
-            metric: v1::Metric::Cosine as i32,
-            shard_count: 3,
-            replication_factor: 2,
-            ..Default::default()
-        };
-        client.create_collection(req).await?;
+        create_replicated(&mut client, "docs", DIM, 3, 2).await?;
         upsert_all(&mut client, "docs", points(&mut rng, DIM as usize, 0..300), 100).await?;
         let info = describe(&mut client).await?;
         anyhow::Ok(settled(&info))

@@ -15,7 +15,7 @@ use shoal_proto::v1::shoal_client::ShoalClient;
 use tonic::transport::Channel;
 
 use crate::check;
-use crate::common::{Fixture, block_on, points, points_in, rng, upsert_all};
+use crate::common::{Fixture, block_on, create_replicated, points, points_in, rng, upsert_all};
 
 /// Long enough that waiting the lease out would show: the restart must
 /// not need it.
@@ -45,15 +45,7 @@ pub(crate) fn etcd_a_node_restarted_at_once_takes_its_registration_over() -> any
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut client = rt.block_on(fx.client())?;
     let created = rt.block_on(async {
-        let req = v1::CreateCollectionRequest {
-            name: "docs".into(),
-            dimension: DIM,
-            metric: v1::Metric::Cosine as i32,
-            shard_count: 3,
-            replication_factor: 2,
-            ..Default::default()
-        };
-        client.create_collection(req).await?;
+        create_replicated(&mut client, "docs", DIM, 3, 2).await?;
         upsert_all(&mut client, "docs", points(&mut rng, DIM as usize, 0..300), 100).await?;
         in_sync(&mut client).await
     })?;

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use super::codec;
 use super::shared::{Shared, etcd_error, header_revision, lease_not_found};
-use crate::metadata::{LeaseHandle, Member, MetaError, Registration};
+use crate::metadata::{LeaseHandle, Member, MetaError, Registration, Revision};
 
 /// What is known of a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,45 +146,41 @@ pub(super) async fn register(shared: Arc<Shared>, member: Member, ttl: Duration)
     let key = shared.keys.node(&member.id);
     let value = codec::encode_member(&member)?;
     let lease = KeepAlive::grant(&shared, ttl).await?;
-    let put = || TxnOp::put(key.clone(), value.clone(), Some(PutOptions::new().with_lease(lease.id())));
-    // A takeover races only with another registration of the same id: a
-    // few rounds settle it (each round is one etcd call).
-    for _ in 0..3 {
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([put()])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = match shared.call(&format!("register node {}", member.id), shared.client.kv_client().txn(txn)).await {
-            Ok(resp) => resp,
-            Err(e) => {
-                lease.abandon(&shared).await;
-                return Err(e);
-            }
-        };
-        if resp.succeeded() {
-            shared.catch_up(header_revision(resp.header())?).await;
-            return Ok(Registration::new(Box::new(EtcdLease { shared, id: member.id, key, lease })));
+    match claim(&shared, &member, &key, &value, lease.id(), ttl).await {
+        Ok(revision) => {
+            shared.catch_up(revision).await;
+            Ok(Registration::new(Box::new(EtcdLease { shared, id: member.id, key, lease })))
         }
-        let Some((live, revision)) = existing(&resp, &key, &member)? else { continue };
-        if !member.succeeds(&live) {
+        Err(e) => {
             lease.abandon(&shared).await;
-            return Err(MetaError::AlreadyExists(member.refused_by(&live, ttl)));
-        }
-        let txn = Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, revision)]).and_then([put()]);
-        let resp = match shared.call(&format!("take over node {}", member.id), shared.client.kv_client().txn(txn)).await {
-            Ok(resp) => resp,
-            Err(e) => {
-                lease.abandon(&shared).await;
-                return Err(e);
-            }
-        };
-        if resp.succeeded() {
-            tracing::info!(node = %member.id, "took over the registration of this node's previous run (its lease had not ended)");
-            shared.catch_up(header_revision(resp.header())?).await;
-            return Ok(Registration::new(Box::new(EtcdLease { shared, id: member.id, key, lease })));
+            Err(e)
         }
     }
-    lease.abandon(&shared).await;
+}
+
+/// Puts `member`'s key under `lease` if the key is free or held by the
+/// member's own incarnation; the revision of the put.
+async fn claim(shared: &Shared, member: &Member, key: &str, value: &[u8], lease: i64, ttl: Duration) -> Result<Revision, MetaError> {
+    let put = || TxnOp::put(key, value.to_vec(), Some(PutOptions::new().with_lease(lease)));
+    // A takeover races only with another registration of the same id: a
+    // few rounds settle it (each round is one etcd call or two).
+    for _ in 0..3 {
+        let txn = Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([put()]).or_else([TxnOp::get(key, None)]);
+        let resp = shared.call(&format!("register node {}", member.id), shared.client.kv_client().txn(txn)).await?;
+        if resp.succeeded() {
+            return header_revision(resp.header());
+        }
+        let Some((live, revision)) = existing(&resp, key, member)? else { continue };
+        if !member.succeeds(&live) {
+            return Err(MetaError::AlreadyExists(member.refused_by(&live, ttl)));
+        }
+        let txn = Txn::new().when([Compare::mod_revision(key, CompareOp::Equal, revision)]).and_then([put()]);
+        let resp = shared.call(&format!("take over node {}", member.id), shared.client.kv_client().txn(txn)).await?;
+        if resp.succeeded() {
+            tracing::info!(node = %member.id, "took over the registration of this node's previous run (its lease had not ended)");
+            return header_revision(resp.header());
+        }
+    }
     Err(MetaError::Unavailable(format!("registering node {}: its key kept changing; try again", member.id)))
 }
 
