@@ -41,6 +41,10 @@ pub struct ClusterOptions {
     /// A node whose lease has been gone this long has its out-of-sync
     /// copies re-created on other nodes (docs/replication.md).
     pub repair_after: Duration,
+    /// A copy no placement names is dropped once the controller has seen
+    /// it so for this long (`reclaim.rs`); `None`: never (without etcd,
+    /// where the nodes' shards are the record of the collections).
+    pub reclaim_after: Option<Duration>,
     /// When a read asks a second replica of a shard.
     pub hedge: Hedge,
 }
@@ -78,6 +82,7 @@ impl Default for ClusterOptions {
             limits: Limits::default(),
             peers: PeerSettings::default(),
             repair_after: Duration::from_secs(300),
+            reclaim_after: None,
             hedge: Hedge::RecentP95,
         }
     }
@@ -380,7 +385,7 @@ impl Cluster {
     async fn undo_create(&self, c: &Collection, copies: impl Iterator<Item = (u32, NodeId)>) {
         join_all(copies.map(|(j, node)| async move {
             if let Ok(client) = self.client(&node) {
-                let req = v1::DropShardRequest { shard: Self::shard_id(c, j) };
+                let req = v1::DropShardRequest { shard: Self::shard_id(c, j), copy: 0 };
                 if let Err(e) = client.drop_shard(req, ADMIN_TIMEOUT).await {
                     tracing::warn!(collection = %c.name, shard = j, %node, error = %e, "could not undo a shard of a failed create");
                 }
@@ -396,7 +401,7 @@ impl Cluster {
             let c = &c;
             async move {
                 let client = self.client(node)?;
-                let req = v1::DropShardRequest { shard: Self::shard_id(c, *i) };
+                let req = v1::DropShardRequest { shard: Self::shard_id(c, *i), copy: 0 };
                 match self.on_node(node, client.drop_shard(req, ADMIN_TIMEOUT)).await {
                     Err(e) if e.code() == ErrorCode::NotFound => Ok(()),
                     other => other.map(|_| ()),
@@ -419,7 +424,7 @@ impl Cluster {
             let Some(m) = &p.moving else { continue };
             let other = if p.holds(&m.to) { &m.from } else { &m.to };
             if let Ok(client) = self.client(other) {
-                let req = v1::DropShardRequest { shard: Self::shard_id(&c, i as u32) };
+                let req = v1::DropShardRequest { shard: Self::shard_id(&c, i as u32), copy: 0 };
                 if let Err(e) = self.on_node(other, client.drop_shard(req, ADMIN_TIMEOUT)).await
                     && e.code() != ErrorCode::NotFound
                 {

@@ -48,6 +48,11 @@ pub struct CoordinatorConfig {
     /// The controller re-creates the copies of a node whose lease has been
     /// gone this long on other nodes (a node back sooner rejoins instead).
     pub repair_after_ms: u64,
+    /// With etcd, the controller drops a shard copy that no placement names
+    /// (a node back after its copies were repaired elsewhere, a drop that
+    /// missed a node) once it has seen that copy orphaned this long
+    /// (0: never). Without etcd nothing is reclaimed.
+    pub reclaim_after_ms: u64,
     /// A read of a replicated shard asks another replica as well when the
     /// first has not answered within its recent p95 (or `hedge_after_ms`).
     pub hedge_reads: bool,
@@ -83,6 +88,7 @@ impl Default for CoordinatorConfig {
             telemetry: TelemetryConfig::default(),
             limits: Limits::default(),
             repair_after_ms: 300_000,
+            reclaim_after_ms: 600_000,
             hedge_reads: true,
             hedge_after_ms: 0,
             auth: AuthConfig::default(),

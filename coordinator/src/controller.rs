@@ -44,7 +44,9 @@ impl Controller {
                 tracing::info!(coordinator = %id, "this coordinator is the controller");
                 // Dropped with the select when leadership ends: whatever it
                 // was doing is recorded in the store for the next leader.
-                let work = crate::mover::lead(Arc::clone(&cluster));
+                let work = async {
+                    tokio::join!(crate::mover::lead(Arc::clone(&cluster)), crate::reclaim::run(Arc::clone(&cluster)));
+                };
                 tokio::select! {
                     () = work => {}
                     _ = &mut stopped => {

@@ -371,7 +371,9 @@ impl Cluster {
         tokio::time::sleep(self.options().search_timeout + Duration::from_secs(1)).await;
         let id = Some(v1::ShardId { collection: name.to_string(), shard });
         match self.client(&m.from) {
-            Ok(from) => match self.on_node(&m.from, from.drop_shard(v1::DropShardRequest { shard: id }, STEP_TIMEOUT)).await {
+            // Any copy there: while the move is recorded no other can be
+            // made on its source.
+            Ok(from) => match self.on_node(&m.from, from.drop_shard(v1::DropShardRequest { shard: id, copy: 0 }, STEP_TIMEOUT)).await {
                 Ok(_) => {}
                 Err(e) if e.code() == ErrorCode::NotFound => {}
                 Err(e) => {
@@ -414,6 +416,9 @@ impl Cluster {
         }
         tracing::warn!(collection = %name, shard, from = %m.from, to = %m.to, error = %why, "shard move: rolling back");
         let source_epoch = self.shard_stats_on(&m.from, name, shard).await.map(|s| s.epoch).unwrap_or(0);
+        // Read while the store still records this attempt, so no other
+        // copy can be on the target yet: the drop below takes only this one.
+        let copy = self.copy_on(&m.to, name, shard).await;
         let undone = self
             .change_shard(name, shard, |p, _| {
                 if !p.moving.as_ref().is_some_and(|now| now.to == m.to && now.attempt == attempt && now.phase == MovePhase::Copying) {
@@ -436,13 +441,7 @@ impl Cluster {
                 return;
             }
         }
-        let id = Some(v1::ShardId { collection: name.to_string(), shard });
-        if let Ok(to) = self.client(&m.to)
-            && let Err(e) = self.on_node(&m.to, to.drop_shard(v1::DropShardRequest { shard: id }, STEP_TIMEOUT)).await
-            && e.code() != ErrorCode::NotFound
-        {
-            tracing::warn!(collection = %name, shard, node = %m.to, error = %e, "could not drop the partial copy; it is not in any placement");
-        }
+        self.drop_copy(&m.to, name, shard, copy, "the rolled-back move's copy").await;
     }
 
     fn still_ours(&self, name: &CollectionName, shard: u32, attempt: u64) -> Result<()> {

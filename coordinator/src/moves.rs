@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use shoal_control::metadata::{MetaError, PlannedMove, View, place, rebalance};
 use shoal_control::model::{Collection, MoveKind, MovePhase, ReplicaState, ShardMove, ShardPlacement};
-use shoal_proto::{CollectionName, ErrorCode, NodeId, v1};
+use shoal_proto::{CollectionName, NodeId, v1};
 
 use crate::cluster::Cluster;
 use crate::error::{Error, Result};
@@ -156,6 +156,7 @@ impl Cluster {
     /// out of sync (dead or recovering) and the shard is not moving; drops
     /// its files if the node answers. True if it was taken out.
     pub(crate) async fn drop_out_of_sync_copy(&self, name: &CollectionName, shard: u32, node: &NodeId) -> Result<bool> {
+        let copy = self.copy_on(node, name, shard).await;
         let changed = self
             .change_shard(name, shard, |p, _| match p.replica(node) {
                 Some(r) if r.state != ReplicaState::Active && p.moving.is_none() => {
@@ -170,14 +171,7 @@ impl Cluster {
             return Ok(false);
         }
         tracing::info!(collection = %name, shard, %node, "an out-of-sync copy left the placement");
-        if let Ok(client) = self.client(node) {
-            let req = v1::DropShardRequest { shard: Some(v1::ShardId { collection: name.to_string(), shard }) };
-            if let Err(e) = self.on_node(node, client.drop_shard(req, Duration::from_secs(30))).await
-                && e.code() != ErrorCode::NotFound
-            {
-                tracing::warn!(collection = %name, shard, %node, error = %e, "could not drop an out-of-sync copy's files");
-            }
-        }
+        self.drop_copy(node, name, shard, copy, "an out-of-sync copy").await;
         Ok(true)
     }
 

@@ -81,7 +81,7 @@ impl Cluster {
             if !refused {
                 tracing::warn!(collection = %name, shard, node = %to, error = %e, "the switch to a restored copy may have been recorded; the copy is kept");
             } else if won != Some(true) {
-                let drop = v1::DropShardRequest { shard: id };
+                let drop = v1::DropShardRequest { shard: id, copy: restored.copy };
                 if let Err(d) = self.on_node(&to, client.drop_shard(drop, Duration::from_secs(60))).await {
                     tracing::warn!(collection = %name, shard, node = %to, error = %d, "could not drop a restored copy no placement names");
                 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use shoal_control::metadata::{MetaError, View, place};
 use shoal_control::model::{MoveKind, MovePhase, ReplicaState, Replication, ShardMove, ShardPlacement};
-use shoal_proto::{CollectionName, ErrorCode, NodeId, v1};
+use shoal_proto::{CollectionName, NodeId, v1};
 use tokio::time::Instant;
 
 use crate::cluster::{Cluster, replication_of};
@@ -283,6 +283,7 @@ impl Cluster {
         let c = self.collection(name.as_str())?;
         let Some(node) = c.shards.get(shard as usize).and_then(trimmed).cloned() else { return Ok(()) };
         let factor = c.replication.factor as usize;
+        let copy = self.copy_on(&node, name, shard).await;
         let changed = self
             .change_shard(name, shard, |p, _| {
                 if p.moving.is_some() || p.replicas.len() <= factor || trimmed(p) != Some(&node) {
@@ -297,15 +298,10 @@ impl Cluster {
             return Ok(());
         }
         tracing::info!(collection = %name, shard, %node, "replication factor lowered: a replica left the placement");
+        // Meanwhile a new copy may be made on that node: the drop names
+        // the trimmed one.
         tokio::time::sleep(self.options().search_timeout + Duration::from_secs(1)).await;
-        if let Ok(client) = self.client(&node) {
-            let req = v1::DropShardRequest { shard: Some(v1::ShardId { collection: name.to_string(), shard }) };
-            if let Err(e) = self.on_node(&node, client.drop_shard(req, Duration::from_secs(30))).await
-                && e.code() != ErrorCode::NotFound
-            {
-                tracing::warn!(collection = %name, shard, %node, error = %e, "could not drop a trimmed replica's files; it is in no placement");
-            }
-        }
+        self.drop_copy(&node, name, shard, copy, "a trimmed replica").await;
         Ok(())
     }
 }

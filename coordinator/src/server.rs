@@ -55,6 +55,7 @@ pub fn cluster_from_config(cfg: &CoordinatorConfig, meta: Arc<dyn MetadataStore>
         limits: cfg.limits.clone(),
         peers: cfg.peers.clone(),
         repair_after: Duration::from_millis(cfg.repair_after_ms),
+        reclaim_after: (cfg.cluster.uses_etcd() && cfg.reclaim_after_ms > 0).then(|| Duration::from_millis(cfg.reclaim_after_ms)),
         hedge: match (cfg.hedge_reads, cfg.hedge_after_ms) {
             (false, _) => Hedge::Off,
             (true, 0) => Hedge::RecentP95,

@@ -1,6 +1,27 @@
 //! shoal's gRPC contract: the public `shoal.v1.Shoal` service (served by
 //! coordinators), the internal `shoal.v1.ShardNode` service (served by shard
 //! nodes), typed ids and the error codes both map to gRPC statuses.
+//!
+//! # Layout
+//!
+//! - `proto/shoal/v1/`: the contract itself. `shoal.proto` (the public
+//!   service), `shard.proto` (the internal one, which trusts that requests
+//!   were validated where they entered), `common.proto` and
+//!   `snapshot.proto` (messages both use). `build.rs` compiles them with
+//!   protox, so no `protoc` is needed, into `v1` and
+//!   [`FILE_DESCRIPTOR_SET`].
+//! - This file: the rules both sides of a call must agree on:
+//!   [`shard_for`] (part of the on-disk contract), [`default_ef`], the
+//!   scroll limits.
+//! - `error`: [`ShoalError`] and its [`ErrorCode`]s, the one place they
+//!   become gRPC statuses and back, and the layers that fix tonic's codes
+//!   for bytes that do not decode.
+//! - `ids`: [`CollectionName`] and [`NodeId`], validated once.
+//! - `stream`: [`RequestStream`], a client's stream of requests with
+//!   errors that say which message failed and whose fault it was.
+//! - `deadline`: the caller's `grpc-timeout`, for work handed to another
+//!   thread; `auth`: the client side of API keys; `json`: how deep a
+//!   payload may nest.
 
 /// Generated code of package `shoal.v1`.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::wildcard_enum_match_arm)]

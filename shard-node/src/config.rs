@@ -138,8 +138,8 @@ pub struct EngineConfig {
     /// A shard whose file is at most this share of the machine's memory
     /// (or of the node's cgroup limit, if lower) is read into the page
     /// cache in order when it opens: searches then ran 1.3x faster than
-    /// over a file faulted in page by page (docs/engine.md, "How the page
-    /// cache was filled"). 0: never; larger files are left to the graph
+    /// over a file faulted in page by page (docs/benchmarks.md, "Page cache
+    /// warm-up"). 0: never; larger files are left to the graph
     /// walk's faults.
     #[serde(deserialize_with = "share_or_zero")]
     pub warm_max_share: f64,
@@ -162,7 +162,8 @@ pub struct EngineConfig {
     /// ... which never cuts the log below these bytes.
     pub batch_log_min_bytes: u64,
     /// New points take the slots of deleted and replaced ones, so a shard
-    /// under churn stays the size of its live set (docs/engine.md, "Churn").
+    /// under churn stays the size of its live set (docs/engine.md, "Churn:
+    /// slots reused, and the vacuum").
     pub reuse_retired: bool,
     /// Share of a shard's graph that tombstones still linked into it may
     /// reach before the shard's writer vacuums them while idle (0 < r ≤ 1).
@@ -171,7 +172,7 @@ pub struct EngineConfig {
     /// Lists per graph node that a shard's link log may hold before the
     /// idle writer folds it into the bottom-layer blocks, where searches
     /// read them faster (0: only batches fold, past
-    /// `link_log_fold_lists`; docs/engine.md, "Churn").
+    /// `link_log_fold_lists`; docs/engine.md, "The link log").
     #[serde(deserialize_with = "non_negative")]
     pub idle_fold_ratio: f64,
     /// Share of a shard's data file that free pages (LMDB's, which it

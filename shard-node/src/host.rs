@@ -16,6 +16,7 @@ use crate::config::{NodeLimits, ShardNodeConfig};
 use crate::convert::{engine_error, params_to_spec, payload_from_engine, payload_to_engine, shard_engine_error, spec_to_params};
 use crate::files::shards_the_files_allow;
 use crate::search::{Caller, Searches};
+use crate::shard_file::{self, SHARD_FILE, ShardFile};
 use crate::snapshots::{Snapshots, clean_up_after_restores, wait_for_last_user};
 use crate::writer::{Answer, Failure, ShardWriter, Work, WriterOptions};
 
@@ -26,29 +27,9 @@ pub(crate) struct Shard {
     pub(crate) index: Arc<Index>,
     /// Shards of the collection (stored beside the environment).
     pub(crate) shard_count: u32,
+    /// Which copy of the shard this is (`shard_file`).
+    pub(crate) copy: u64,
     writer: Mutex<Option<ShardWriter>>,
-}
-
-/// File beside a shard's environment recording what the engine does not.
-const SHARD_FILE: &str = "shard.json";
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct ShardFile {
-    shard_count: u32,
-}
-
-fn read_shard_file(dir: &Path) -> anyhow::Result<u32> {
-    let path = dir.join(SHARD_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-    let f: ShardFile = serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("parsing {}: {e}", path.display()))?;
-    Ok(f.shard_count)
-}
-
-pub(crate) fn write_shard_file(dir: &Path, shard_count: u32) -> std::io::Result<()> {
-    let tmp = dir.join(format!("{SHARD_FILE}.tmp"));
-    std::fs::write(&tmp, serde_json::to_vec(&ShardFile { shard_count }).map_err(std::io::Error::other)?)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, dir.join(SHARD_FILE))
 }
 
 impl Shard {
@@ -168,14 +149,14 @@ impl ShardHost {
         // serving: it is left out and named (see `broken`).
         for (key, dir) in find_shards(&root)? {
             let opts = host.engine.clone();
-            let opened = tokio::task::spawn_blocking(move || -> anyhow::Result<(Index, u32)> {
-                let shard_count = read_shard_file(&dir)?;
-                Ok((Index::open(dir, opts)?, shard_count))
+            let opened = tokio::task::spawn_blocking(move || -> anyhow::Result<(Index, ShardFile)> {
+                let file = shard_file::read(&dir)?;
+                Ok((Index::open(dir, opts)?, file))
             })
             .await?;
             match opened {
-                Ok((index, shard_count)) => {
-                    host.insert(key, index, shard_count);
+                Ok((index, file)) => {
+                    host.insert(key, index, file);
                 }
                 Err(e) => {
                     tracing::error!(
@@ -194,10 +175,11 @@ impl ShardHost {
         Ok(host)
     }
 
-    fn insert(&self, key: ShardKey, index: Index, shard_count: u32) -> Arc<Shard> {
+    fn insert(&self, key: ShardKey, index: Index, file: ShardFile) -> Arc<Shard> {
         let index = Arc::new(index);
         let writer = ShardWriter::spawn(Arc::clone(&index), self.writer, crate::metrics::labels(&key));
-        let shard = Arc::new(Shard { index, shard_count, writer: Mutex::new(Some(writer)) });
+        let ShardFile { shard_count, copy } = file;
+        let shard = Arc::new(Shard { index, shard_count, copy, writer: Mutex::new(Some(writer)) });
         // Restored over a damaged copy: served again.
         self.broken.write().remove(&key);
         self.shards.write().insert(key, Arc::clone(&shard));
@@ -243,12 +225,12 @@ impl ShardHost {
     /// Opens the shard in `dir` and serves it.
     pub(crate) async fn reopen(&self, key: &ShardKey, dir: &Path) -> Result<(), ShoalError> {
         let (dir, opts) = (dir.to_owned(), self.engine.clone());
-        let (index, shard_count) = blocking(move || {
-            let shard_count = read_shard_file(&dir).map_err(|e| ShoalError::internal(e.to_string()))?;
-            Ok((Index::open(&dir, opts).map_err(engine_error)?, shard_count))
+        let (index, file) = blocking(move || {
+            let file = shard_file::read(&dir).map_err(|e| ShoalError::internal(e.to_string()))?;
+            Ok((Index::open(&dir, opts).map_err(engine_error)?, file))
         })
         .await?;
-        self.insert(key.clone(), index, shard_count);
+        self.insert(key.clone(), index, file);
         Ok(())
     }
 
@@ -325,8 +307,9 @@ impl ShardHost {
         };
         let dir = self.dir(&key);
         let opts = self.engine.clone();
+        let file = ShardFile::new_copy(shard_count);
         let index = blocking(move || {
-            let index = create_in(&dir, params, epoch, opts, shard_count)?;
+            let index = create_in(&dir, params, epoch, opts, &file)?;
             // On the empty shard: ready at once, before any point arrives.
             for (field, kind) in &fields {
                 index.create_field_index(field, *kind).map_err(engine_error)?;
@@ -334,7 +317,7 @@ impl ShardHost {
             Ok(index)
         })
         .await?;
-        let shard = self.insert(key.clone(), index, shard_count);
+        let shard = self.insert(key.clone(), index, file);
         self.stats_of(&key, &shard).await
     }
 
@@ -363,17 +346,41 @@ impl ShardHost {
         Ok(Some(Creating { host: self, key: key.clone() }))
     }
 
-    /// Closes a shard and deletes its data.
+    /// Closes a shard and deletes its data. A request that names a copy
+    /// drops only that one: another copy made since (restored, created
+    /// again) is refused with FAILED_PRECONDITION and kept.
     pub async fn drop_shard(&self, req: v1::DropShardRequest) -> Result<v1::DropShardResponse, ShoalError> {
-        let key = key_of(req.shard)?;
-        let removed = self.shards.write().remove(&key);
+        let v1::DropShardRequest { shard, copy } = req;
+        let key = key_of(shard)?;
+        let other_copy = |here: u64| {
+            ShoalError::failed_precondition(format!(
+                "shard {}/{} on this node is copy {here:016x}, not {copy:016x}: it was made after the drop was decided, \
+                 and is kept",
+                key.0, key.1
+            ))
+        };
+        let removed = {
+            let mut shards = self.shards.write();
+            match shards.get(&key) {
+                Some(s) if copy != 0 && s.copy != copy => return Err(other_copy(s.copy)),
+                Some(_) => shards.remove(&key),
+                None => None,
+            }
+        };
         match removed {
             Some(shard) => {
                 shard.close().await;
                 drop(shard);
             }
-            // A damaged shard is dropped by removing its files.
-            None if self.broken.write().remove(&key).is_some() => {}
+            // A damaged shard is dropped by removing its files; its shard
+            // file, if it still reads, says which copy it is.
+            None if self.broken.read().contains_key(&key) => {
+                let here = shard_file::read(&self.dir(&key)).map(|f| f.copy).unwrap_or(copy);
+                if copy != 0 && here != copy {
+                    return Err(other_copy(here));
+                }
+                self.broken.write().remove(&key);
+            }
             None => return Err(ShoalError::not_found(format!("shard {}/{} is not on this node", key.0, key.1))),
         }
         let dir = self.dir(&key);
@@ -611,7 +618,7 @@ impl ShardHost {
     pub(crate) async fn stats_of(&self, key: &ShardKey, shard: &Shard) -> Result<v1::ShardStats, ShoalError> {
         let index = Arc::clone(&shard.index);
         let key = key.clone();
-        let shard_count = shard.shard_count;
+        let (shard_count, copy) = (shard.shard_count, shard.copy);
         let snapshot = self.snapshots.as_ref().and_then(|s| s.progress_of(&key));
         blocking(move || {
             let stats = index.stats().map_err(engine_error)?;
@@ -631,6 +638,7 @@ impl ShardHost {
                 log_first_seq: stats.batch_log_first_seq,
                 log_bytes: stats.batch_log_bytes,
                 field_indexes,
+                copy,
             })
         })
         .await
@@ -686,12 +694,12 @@ fn find_shards(root: &Path) -> anyhow::Result<Vec<(ShardKey, PathBuf)>> {
 /// Creates the index and its shard file in `dir`; on failure removes what
 /// it made (the directory, and the collection's if it made that too), so a
 /// refused create leaves no files behind.
-fn create_in(dir: &Path, params: shoal_engine::IndexParams, epoch: u64, opts: IndexOptions, shard_count: u32) -> Result<Index, ShoalError> {
+fn create_in(dir: &Path, params: shoal_engine::IndexParams, epoch: u64, opts: IndexOptions, file: &ShardFile) -> Result<Index, ShoalError> {
     let parent = dir.parent().map(Path::to_owned);
     let parent_existed = parent.as_ref().is_some_and(|p| p.exists());
     let dir_existed = dir.exists();
     let made = Index::open_or_create_at_epoch(dir, params, epoch, opts).map_err(engine_error).and_then(|index| {
-        write_shard_file(dir, shard_count).map_err(|e| io_error(e, format!("writing {}", dir.join(SHARD_FILE).display())))?;
+        shard_file::write(dir, file).map_err(|e| io_error(e, format!("writing {}", dir.join(SHARD_FILE).display())))?;
         Ok(index)
     });
     if made.is_err() {
@@ -744,8 +752,9 @@ mod tests {
         let host = ShardHost::open(&cfg).await.unwrap();
         let key = |n| (CollectionName::parse("c").unwrap(), n);
         let first = host.reserve(&key(0)).unwrap().expect("nothing else creates it");
-        let index = create_in(&host.dir(&key(0)), IndexParams::new(4, Metric::Euclidean), 1, host.engine_options(), 2).unwrap();
-        host.insert(key(0), index, 2);
+        let file = ShardFile::new_copy(2);
+        let index = create_in(&host.dir(&key(0)), IndexParams::new(4, Metric::Euclidean), 1, host.engine_options(), &file).unwrap();
+        host.insert(key(0), index, file);
         let second = host.reserve(&key(1)).expect("one shard held, none pending: room for one more");
         assert!(second.is_some());
         // Now the node is full: the third is refused and says why.

@@ -14,7 +14,8 @@ use shoal_snapshot::{Operation, Progress, RestoreOptions, RestoreSource, Snapsho
 
 use crate::config::SnapshotConfig;
 use crate::convert::{collection_snapshot, progress_proto, snapshot_error, snapshot_info};
-use crate::host::{ShardHost, ShardKey, key_of, write_shard_file};
+use crate::host::{ShardHost, ShardKey, key_of};
+use crate::shard_file::{self, ShardFile};
 
 /// A node's snapshot store and settings.
 pub(crate) struct Snapshots {
@@ -178,7 +179,8 @@ impl ShardHost {
         let written = {
             let staging = staging.clone();
             crate::host::blocking(move || {
-                write_shard_file(&staging, m.shard_count).map_err(|e| ShoalError::internal(format!("writing {}: {e}", staging.display())))
+                shard_file::write(&staging, &ShardFile::new_copy(m.shard_count))
+                    .map_err(|e| ShoalError::internal(format!("writing {}: {e}", staging.display())))
             })
             .await
         };

@@ -75,7 +75,7 @@ async fn tls_mutual_between_coordinator_and_nodes_refuses_stray_clients() {
     let node = tc.node_addrs()[0];
     let drop = |c: &mut ShardNodeClient<tonic::transport::Channel>| {
         let mut c = c.clone();
-        async move { c.drop_shard(v1::DropShardRequest { shard: Some(v1::ShardId { collection: "docs".into(), shard: 0 }) }).await }
+        async move { c.drop_shard(v1::DropShardRequest { shard: Some(v1::ShardId { collection: "docs".into(), shard: 0 }), copy: 0 }).await }
     };
     // To a shard node: a TLS client without a certificate, and one with a
     // certificate from another CA, cannot call DropShard.

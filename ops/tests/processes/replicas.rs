@@ -3,12 +3,15 @@
 //! rejoin (seeded from the primary, caught up, made active in one
 //! conditional change); one that stays gone past the delay has its copies
 //! re-created on the other nodes. Searches stay whole throughout, and the
-//! copies agree after each (`VerifyShard`). The times are printed
-//! (docs/replication.md keeps them).
+//! copies agree after each (`VerifyShard`). When the node gone for good
+//! comes back after all, the copies it still holds are in no placement:
+//! the controller drops them and their disk is given back. The times are
+//! printed (docs/replication.md keeps them).
 
 use std::time::{Duration, Instant};
 
 use shoal_proto::v1;
+use shoal_proto::v1::shard_node_client::ShardNodeClient;
 use shoal_proto::v1::shoal_client::ShoalClient;
 use tonic::transport::Channel;
 
@@ -17,6 +20,7 @@ use crate::common::{Fixture, create_replicated, points, points_in, rng, upsert_a
 
 const TTL: Duration = Duration::from_secs(2);
 const REPAIR_AFTER: Duration = Duration::from_secs(6);
+const RECLAIM_AFTER: Duration = Duration::from_secs(2);
 const DIM: u32 = 16;
 
 async fn describe(client: &mut ShoalClient<Channel>) -> anyhow::Result<v1::CollectionInfo> {
@@ -63,8 +67,10 @@ async fn whole_search(client: &mut ShoalClient<Channel>, rng: &mut rand::rngs::S
 pub(crate) fn etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired() -> anyhow::Result<()> {
     let test = "etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired";
     let repair_ms = REPAIR_AFTER.as_millis().to_string();
+    let reclaim_ms = RECLAIM_AFTER.as_millis().to_string();
     let Some(mut fx) = Fixture::on_etcd_with(test, 3, 1, TTL, |spec| {
         spec.coordinator_env.push(("SHOAL_COORD_REPAIR_AFTER_MS".into(), repair_ms));
+        spec.coordinator_env.push(("SHOAL_COORD_RECLAIM_AFTER_MS".into(), reclaim_ms));
     })?
     else {
         return Ok(());
@@ -133,6 +139,34 @@ pub(crate) fn etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired() ->
     check!(fx, took >= REPAIR_AFTER, "repair waits for the delay: {took:?}");
     check!(fx, nodes.iter().all(|n| n == &["shard-0".to_owned(), "shard-2".to_owned()]), "{nodes:?}");
     check!(fx, whole == searched, "{whole} of {searched} searches were whole");
+    check_agree(&fx, &rt, &mut client, 900)?;
+
+    // shard-1 comes back after all, with its old copies: no placement
+    // names them, so the controller drops them, and only them.
+    let shards_dir = fx.dir.path().join("shard-1").join("shards").join("docs");
+    let held = std::fs::read_dir(&shards_dir).map(|d| d.count()).unwrap_or(0);
+    check!(fx, held >= 1, "shard-1 held copies before it died: {held} in {}", shards_dir.display());
+    fx.cluster.nodes[1].restart()?;
+    let back = Instant::now();
+    let mut node = rt.block_on(ShardNodeClient::connect(fx.cluster.nodes[1].endpoint()))?;
+    let listed = rt.block_on(async {
+        while back.elapsed() < RECLAIM_AFTER + Duration::from_secs(30) {
+            let shards = node.list_shards(v1::ListShardsRequest {}).await?.into_inner().shards;
+            if shards.is_empty() {
+                return anyhow::Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        anyhow::Ok(Some(node.list_shards(v1::ListShardsRequest {}).await?.into_inner().shards.len()))
+    })?;
+    let took = back.elapsed();
+    eprintln!("reclaim: shard-1 back with {held} old copies; dropped {took:?} after its restart (reclaim after {RECLAIM_AFTER:?})");
+    check!(fx, listed.is_none(), "shard-1 still holds {listed:?} copies no placement names, {took:?} after its restart");
+    check!(fx, took >= RECLAIM_AFTER, "a copy was dropped before it had been orphaned for {RECLAIM_AFTER:?}: {took:?}");
+    let left = std::fs::read_dir(&shards_dir).map(|d| d.count()).unwrap_or(0);
+    check!(fx, left == 0, "{left} shard directories left in {}", shards_dir.display());
+    let log = std::fs::read_to_string(&fx.cluster.coordinator.log)?;
+    check!(fx, log.contains("reclaiming a copy no placement names"), "the coordinator's log does not say what it reclaimed");
     check_agree(&fx, &rt, &mut client, 900)?;
     Ok(())
 }
