@@ -11,7 +11,7 @@
 #
 # REPEATS (default 9) batches per size, each into the index the one before
 # left (1 is the issues' protocol); SIZES (default 10000,100000). Run as
-# root under `chrt -f 10` for steadier figures (see docs/engine.md).
+# root under `chrt -f 10` for steadier figures (see docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ds=${SHOAL_SHARED:-../shared}/datasets/pypi

@@ -19,7 +19,7 @@
 # Every process (shard nodes, coordinator, load generator) serves on
 # WORKERS worker threads (default 1): four or five processes share the two
 # cores here, and more threads than cores cost 15-20% of the searches
-# (docs/loadtest.md, "Worker threads"). WORKERS=0: tokio's default, one
+# (docs/benchmarks.md, "Worker threads"). WORKERS=0: tokio's default, one
 # per core in every process.
 #
 # Usage: loadtest/cluster-figures.sh [OUT_DIR]   (default bench-out/cluster)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Which hop holds the open-loop tail (issue 18): a 3-shard cluster on
+# Which hop holds the open-loop tail: a 3-shard cluster on
 # loopback exports every search's trace to `otlp-sink --report`, which cuts
 # each trace along its slowest shard call into before / out / remote /
 # back / after and says which part is the largest in the slow ones
 # (docs/loadtest.md, "Which hop holds the tail").
 #
 # Usage: loadtest/tail-hops.sh [OUT_DIR]   (default bench-out/tail-hops)
-#   RATE (500) queries/s for SECONDS (20), at EF (48), SHARDS (3),
+#   RATE (500) queries/s for SECONDS_RUN (20) seconds, at EF (48), SHARDS (3),
 #   SAMPLING (1.0: every trace), SLOW_MS (10), WORKERS (1) as in
 #   cluster-figures.sh; NOISE (1): run `host-noise --busy-ms 1 --realtime` beside the
 #   queries and line the slow traces up with the host's slow episodes

@@ -10,6 +10,21 @@ cd "$(dirname "$0")/.."
 
 log() { printf '== %s\n' "$*" >&2; }
 
+# The docs against the code, first (a second, no build): paths that exist,
+# real `shoalctl` subcommands, no development history, the README's error
+# table matching docs/errors.md. Rules at the top of ops/check_docs.py; its
+# own tests make sure it can fail.
+log "python3 ops/check_docs.py"
+python3 ops/check_docs_test.py
+python3 ops/check_docs.py
+
+# No new cycle between the modules of a crate (a second, no build): the
+# cycles that exist are listed at the top of ops/check_cycles.py, a list
+# that may only shrink; its own tests make sure it can fail.
+log "python3 ops/check_cycles.py"
+python3 ops/check_cycles_test.py
+python3 ops/check_cycles.py
+
 # System packages the tests use. The disk-full test mounts a tmpfs (needs
 # root and util-linux's `mount`); it skips with a printed reason elsewhere.
 need_pkgs=()

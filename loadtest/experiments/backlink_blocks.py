@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """How many bottom-layer link blocks does a 1k batch dirty, by id order?
 
-An offline model of docs/engine.md, Measurements, item 9: the base set is
+An offline model for docs/engine.md, "The link log" (its figures are in
+docs/benchmarks.md, "What a batch changes"): the base set is
 given internal ids in batches of 10,000 (each batch ordered one of three
 ways), then 1,000 new points arrive. Each new point's 13 exact nearest
 neighbours (about the back links an insert adds) stand in for the lists

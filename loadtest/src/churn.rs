@@ -90,8 +90,9 @@ pub(crate) struct Args {
     /// the page cache and read back in order: how a file came into the
     /// cache decides its search speed by up to 1.3x on this machine
     /// (pages faulted in one at a time against pages read in order: see
-    /// docs/engine.md), and the two files come in differently (the
-    /// churned one through many rounds of writes and a compaction).
+    /// docs/benchmarks.md, "Page cache warm-up"), and the two files come
+    /// in differently (the churned one through many rounds of writes and a
+    /// compaction).
     #[arg(long)]
     page_cache_as_left: bool,
     /// Operations per batch when a round is applied (and per batch of the

@@ -16,7 +16,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use shoal_engine::{
-    Batch, FieldType, Filter, Index, IndexOptions, IndexParams, Metric, Op, PAYLOAD_JSON, PlannerOptions, Point, SearchParams, Stop, Where,
+    Batch, FieldType, Filter, Index, IndexOptions, IndexParams, Metric, Op, PAYLOAD_JSON, PlannerOptions, Point, Rescore, SearchParams,
+    Stop, Where,
 };
 
 use crate::fvecs::VecFile;
@@ -80,6 +81,10 @@ pub(crate) struct Args {
     /// the engine's).
     #[arg(long)]
     scan_per_ef: Option<f64>,
+    /// Walk candidates re-scored with exact vectors: `all`, or `kN` for
+    /// the best max(k × N, 20) (the engine's default is `k2`).
+    #[arg(long, default_value = "k2", value_parser = crate::index_bench::parse_rescore)]
+    rescore: Rescore,
     /// Skip the build without payload indexes.
     #[arg(long)]
     no_baseline: bool,
@@ -133,8 +138,9 @@ pub(crate) fn run(a: Args) -> Result<()> {
         scan_per_ef: a.scan_per_ef.unwrap_or(d.scan_per_ef),
     };
     let planner_json = json!({"exact_max": planner.exact_max, "scan_max": planner.scan_max,
-                              "scan_rescore": planner.scan_rescore, "scan_per_ef": planner.scan_per_ef});
-    let opts = IndexOptions { build_threads: a.threads, planner, ..IndexOptions::default() };
+                              "scan_rescore": planner.scan_rescore, "scan_per_ef": planner.scan_per_ef,
+                              "rescore": format!("{:?}", a.rescore)});
+    let opts = IndexOptions { build_threads: a.threads, planner, rescore: a.rescore, ..IndexOptions::default() };
     let root = match &a.index_dir {
         Some(d) => {
             std::fs::create_dir_all(d)?;

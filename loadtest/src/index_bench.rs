@@ -166,7 +166,7 @@ pub(crate) fn link_log_setting(mode: &str, fold_lists: Option<usize>) -> LinkLog
     }
 }
 
-fn parse_rescore(s: &str) -> Result<Rescore, String> {
+pub(crate) fn parse_rescore(s: &str) -> Result<Rescore, String> {
     match s {
         "all" => Ok(Rescore::All),
         _ => s

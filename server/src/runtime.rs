@@ -3,7 +3,7 @@
 //! tokio starts one worker thread per core. That is right for one process
 //! per machine, and wrong for several sharing its cores: on 2 cores, a
 //! coordinator, 3 shard nodes and a load generator with 2 workers each
-//! served 15-20% fewer searches than with 1 each (docs/loadtest.md,
+//! served 15-20% fewer searches than with 1 each (docs/benchmarks.md,
 //! "Worker threads"), because every request then wakes tasks on other
 //! threads that the cores must switch to, and each walk's cache is cooled
 //! by the other threads in between. So the number is a setting

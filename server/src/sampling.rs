@@ -5,8 +5,9 @@
 //! Why: `tracing-opentelemetry` builds a span's OpenTelemetry data (a
 //! builder, its attributes formatted, timings) on every span it sees and
 //! asks the sampler only when the span starts, so at a 1% ratio the other
-//! 99% of requests paid for spans nobody kept: 9.8% of the cluster's
-//! search throughput (docs/loadtest.md, "The cost of telemetry").
+//! 99% of requests would pay for spans nobody kept. Sampled here, traces
+//! at 1% with export cost about 2% of a query's instructions
+//! (docs/benchmarks.md, "Telemetry cost").
 //!
 //! The rule:
 //! - traces start at a server's request span (`propagation::request_span`),

@@ -21,6 +21,19 @@
 //! println!("{} major faults, {} bytes read", sample.major_faults, sample.read_bytes);
 //! # Ok(()) }
 //! ```
+//!
+//! # Layout
+//!
+//! No shoal crate is a dependency (only `libc` and `serde`), so the hannoy
+//! peer measures with the same code without building shoal.
+//!
+//! - `page_cache`: a file's pages in the kernel page cache (residency by
+//!   `mincore`, dropping, warming), and the page size.
+//! - `probe`: the counters around one operation, read before and after.
+//! - `lmdb_pages`: LMDB 0.9's on-disk B-trees, walked to attribute pages to
+//!   databases; apart because it reads the file format, not the kernel.
+//! - `memory_group`: a cgroup v1 memory group, which caps the page cache a
+//!   process may keep.
 #![warn(missing_docs)]
 
 mod lmdb_pages;

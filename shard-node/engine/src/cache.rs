@@ -90,8 +90,9 @@ impl RawPtr {
 /// 2 bytes per id: 2 MiB per thread at a million points, more than this
 /// machine's 1 MiB of L2 per core. One bit per id is 128 KiB there, and a
 /// search sets a few thousand bits, so clearing only their words is cheap;
-/// a batch into 1M went from 1.47x to 1.40x the cost of one into 100k
-/// (docs/scale.md, "Visited marks as bits").
+/// a batch into 1M cost 1.40x one into 100k with bits, 1.47x with a `u16`
+/// (docs/benchmarks.md, "Variants on 1k into 1M"; the layout in
+/// docs/scale.md, "Visited marks as bits").
 pub(crate) struct Visited {
     words: Vec<u64>,
     /// Indices of the words this search made non-zero.

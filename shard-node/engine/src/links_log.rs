@@ -4,7 +4,8 @@
 //! A batch of 1,000 points changes the bottom lists of ~12,700 existing
 //! nodes, and at 100k points those lists lie in 84% of the link blocks, so
 //! patching them in place makes LMDB copy nearly every link page on every
-//! commit (`docs/engine.md`, "Measurements" item 9). Appending them instead
+//! commit (`docs/engine.md`, "The link log"; the figures are in
+//! `docs/benchmarks.md`, "What a batch changes"). Appending them instead
 //! writes one value of new pages per batch, keyed by the log epoch that
 //! wrote it (big-endian, so only ever appended); every few batches a *fold*
 //! patches everything the log holds into the blocks at once, dirtying each

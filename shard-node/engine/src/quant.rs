@@ -19,10 +19,11 @@
 //! nibbles (what searches and the choice of links read). Walking, choosing
 //! and pruning on the high nibbles alone measured the same recall, with
 //! searches measuring from the query's own `i8` code ([`QueryCode`]), on
-//! the PyPI set and the 1M stand-in (docs/scale.md, "4-bit codes"), and
-//! the low plane was 0.13x of the file. A level is the high nibble of that `i8`, so an index of
-//! format 8 migrates by dropping its low plane, and its codes are then the
-//! ones this encoder writes.
+//! the PyPI set and the 1M stand-in (docs/scale.md, "4-bit codes";
+//! figures in docs/benchmarks.md, "Build, search, file, memory"), and the
+//! low plane was 0.13x of the file. A level is the high nibble of that
+//! `i8`, so an index of format 8 migrates by dropping its low plane, and
+//! its codes are then the ones this encoder writes.
 
 use crate::metric::Metric;
 use crate::nibble::{self, plane_bytes};

@@ -265,9 +265,10 @@ impl<'t> TxnView<'t> {
     /// The address of `id`'s code: its block's plus its slot. A walk
     /// resolves ~15 codes per node it expands before it can prefetch them,
     /// so the table it looks addresses up in must stay in the CPU caches:
-    /// one entry per block of 31 codes is 26 KB at 100k points, where one
+    /// one entry per block of codes stays there at 100k points, where one
     /// per code (800 KB) missed the L2 cache on every lookup and made that
-    /// step twice as slow at 100k as at 10k (see `docs/engine.md`).
+    /// step two to three times as slow at 100k as at 10k
+    /// (`docs/benchmarks.md`, "The table of code addresses").
     #[inline]
     fn code_ptr(&mut self, id: u32) -> Result<*const u8> {
         self.block_value(Blocks::Codes, id)

@@ -8,7 +8,8 @@
 //! order at 9,500 (1.30x). Reads in order let the kernel cache the file in
 //! large folios (`FileHugePages` in `/proc/meminfo` grows by the file's
 //! size) where single faults give 4 KiB pages scattered over physical
-//! memory; see docs/engine.md, "How the page cache was filled".
+//! memory; see docs/engine.md, "How the page cache was filled", and the
+//! figures in docs/benchmarks.md, "Page cache warm-up".
 //!
 //! So a file that fits the memory the caller gives it is written back,
 //! dropped and read back in order before the environment maps it. The

@@ -23,6 +23,28 @@
 //! swap_into_place(staging, std::path::Path::new("/srv/shoal/shards/docs/0"))?;
 //! # Ok(()) }
 //! ```
+//!
+//! # Layout
+//!
+//! - The two operations: `upload` (a snapshot: the engine's copy stream
+//!   into chunks on a blocking thread, uploads concurrent, manifest last)
+//!   and `restore` (chunks downloaded and checked into a staging
+//!   directory, then the swap), which writes through `image_file` (direct
+//!   I/O where the file system takes it: the page-cache copy was most of a
+//!   restore's CPU).
+//! - The format: `chunk` (fixed-offset chunks named by the BLAKE3 of their
+//!   raw bytes, so an unchanged region is the same object whatever the
+//!   zstd version), `manifest` (what one snapshot holds; it exists exactly
+//!   when its manifest does), `layout` (object keys, snapshot ids).
+//! - The store: `store_url` (a local directory or an S3 bucket, from a
+//!   URL), `objects` (one object at a time: multipart uploads, ranged
+//!   reads).
+//! - Around them: `catalog` (listing, per shard or per collection
+//!   snapshot), `prune` (retention, and the chunks no manifest names),
+//!   `progress` (readable from any thread while an operation runs),
+//!   `error` (grouped by what the caller can do).
+//! - `fuzz_tests` (tests only): hostile bytes for everything read back
+//!   from the store.
 #![warn(missing_docs)]
 
 mod catalog;

@@ -303,7 +303,8 @@ impl<'t> Graph<'t> for BuildView<'t> {
 /// ([`LinkBlocks::forget_near`]); a remap of the map or a compaction
 /// forgets everything. Without this, each batch into 1M points looked up
 /// nearly all of its ~32k blocks through the B-tree again: LMDB's B-tree
-/// code was 11% of such a batch's CPU time, 5.4% with it (docs/scale.md).
+/// code was 11% of such a batch's CPU time, 5.4% with it
+/// (docs/benchmarks.md, "Variants on 1k into 1M").
 /// Readers other than the writer's never use it: a search on an older
 /// snapshot needs that snapshot's pages.
 pub(crate) struct LinkBlocks {

@@ -2,10 +2,10 @@
 //!
 //! LMDB reuses the pages a commit frees but never shrinks its file: a
 //! shard under churn keeps the high-water mark of every batch's
-//! copy-on-write pages (docs/engine.md, "Churn"), and a shard that shrank
-//! keeps its old size. A compaction writes a compacted copy of the last
-//! commit (`MDB_CP_COMPACT`: live pages only, renumbered) beside the file
-//! and swaps it in:
+//! copy-on-write pages (docs/engine.md, "Compaction: giving free pages
+//! back"), and a shard that shrank keeps its old size. A compaction
+//! writes a compacted copy of the last commit (`MDB_CP_COMPACT`: live
+//! pages only, renumbered) beside the file and swaps it in:
 //!
 //! 1. under the writer lock (batches wait; searches go on) the copy is
 //!    written to `<dir>/.compact/data.mdb`, flushed, and opened there once,

@@ -39,7 +39,8 @@ pub struct IndexOptions {
     /// from 1 to 32 MiB, and the builder's memory as flat, but batches of
     /// upserts and deletes over reused slots spill far more often than a
     /// build's appends, and at 1 MiB they took 1.3x as long as at 4 or 32
-    /// (docs/engine.md, "The write memory under churn").
+    /// (docs/engine.md, "The write memory under churn"; figures in
+    /// docs/benchmarks.md, "Write memory under churn").
     pub write_memory_bytes: u64,
     /// New points take the ids (and so the vector, code and link slots) of
     /// points deleted or replaced by earlier batches, as hnswlib's
@@ -76,7 +77,7 @@ pub struct IndexOptions {
     /// written back, dropped from the page cache and read back in order
     /// before it is mapped: searches over a file read in order ran 1.3x
     /// faster than over one faulted in page by page or written by commits
-    /// (`docs/engine.md`, "How the page cache was filled"). Default 0: never
+    /// (`docs/benchmarks.md`, "Page cache warm-up"). Default 0: never
     /// (a shard node sets it from its memory, `engine.warm_max_share`).
     pub warm_max_bytes: u64,
     /// Largest payload accepted per point. Default 64 KiB.
@@ -164,8 +165,8 @@ impl LinkLog {
 ///
 /// On the PyPI set (384-d, cosine) `TopK(2)` gives the same recall@10 as
 /// `All` at every `ef` from 16 to 256, while `TopK(1)` loses up to 0.007
-/// (see `docs/engine.md`); each re-scored candidate is one exact-vector read,
-/// i.e. one page on a cold cache.
+/// (`docs/benchmarks.md`, "Re-scoring"); each re-scored candidate is one
+/// exact-vector read, i.e. one page on a cold cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rescore {
     /// Every candidate (`ef` of them).
