@@ -58,12 +58,7 @@ from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 # directory module is written `parent::child`.
 ALLOWED: List[Tuple[str, FrozenSet[str]]] = [
     ("coordinator", frozenset({"cluster", "filtered", "moves", "search"})),
-    ("filter", frozenset({"language", "resolve"})),
-    ("loadtest", frozenset({"load::chart", "load::report"})),
-    ("ops", frozenset({"ingest::input", "ingest::parquet"})),
     ("shard-node", frozenset({"admit", "config", "files", "host", "metrics", "search", "snapshots", "writer"})),
-    ("shard-node/engine", frozenset({"codec", "params"})),
-    ("shard-node/engine", frozenset({"hnsw", "view"})),
     ("shard-node/engine", frozenset({
         "batch_log", "digest", "filter", "index", "locality", "migrate", "plan", "session",
     })),

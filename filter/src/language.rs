@@ -2,7 +2,7 @@
 //! that need no field index.
 
 use crate::error::{FilterError, at, push_index};
-use crate::field_type::{FieldType, check_name};
+use crate::field_type::check_name;
 use crate::keys::{MAX_KEYWORD_BYTES, parse_datetime};
 
 /// Points that match every condition of `must`, at least one of `should`
@@ -133,27 +133,6 @@ impl Filter {
             }
         }
         Ok(())
-    }
-
-    /// Checks the filter against field indexes `fields` (all taken as
-    /// ready), as a shard does before it answers: a field without an index
-    /// (unless `allow_unindexed`), a value of the wrong type for its
-    /// index. What a coordinator checks once for every shard.
-    pub fn check_against(&self, fields: &[(String, FieldType)], allow_unindexed: bool) -> Result<(), FilterError> {
-        self.check()?;
-        let ready: Vec<(&str, crate::resolve::Indexed)> = fields
-            .iter()
-            .enumerate()
-            .map(|(i, (name, kind))| (name.as_str(), crate::resolve::Indexed { id: i as u16, kind: *kind, building: None }))
-            .collect();
-        let lookup = |field: &str| ready.iter().find(|(n, _)| *n == field).map(|(_, i)| *i);
-        match crate::resolve::resolve(self, &lookup, allow_unindexed) {
-            Ok(_) => Ok(()),
-            Err(crate::resolve::ResolveError::Invalid(e)) => Err(e),
-            Err(crate::resolve::ResolveError::Building { path, field, .. }) => {
-                Err(FilterError { path, reason: format!("the index on field {field} is being built") })
-            }
-        }
     }
 
     /// The three clauses with their names.

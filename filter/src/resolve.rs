@@ -343,3 +343,26 @@ fn whole(f: f64, lower: bool, open: bool) -> Whole {
         Whole::At(n as i64)
     }
 }
+
+impl Filter {
+    /// Checks the filter against field indexes `fields` (all taken as
+    /// ready), as a shard does before it answers: a field without an index
+    /// (unless `allow_unindexed`), a value of the wrong type for its
+    /// index. What a coordinator checks once for every shard.
+    pub fn check_against(&self, fields: &[(String, FieldType)], allow_unindexed: bool) -> Result<(), FilterError> {
+        self.check()?;
+        let ready: Vec<(&str, Indexed)> = fields
+            .iter()
+            .enumerate()
+            .map(|(i, (name, kind))| (name.as_str(), Indexed { id: i as u16, kind: *kind, building: None }))
+            .collect();
+        let lookup = |field: &str| ready.iter().find(|(n, _)| *n == field).map(|(_, i)| *i);
+        match resolve(self, &lookup, allow_unindexed) {
+            Ok(_) => Ok(()),
+            Err(ResolveError::Invalid(e)) => Err(e),
+            Err(ResolveError::Building { path, field, .. }) => {
+                Err(FilterError { path, reason: format!("the index on field {field} is being built") })
+            }
+        }
+    }
+}

@@ -28,7 +28,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::time::Instant;
@@ -290,7 +290,20 @@ async fn measure(
         errors,
         collection: collection_after,
     };
-    report::write(&r, &common.out)?;
+    write_report(&r, &common.out)?;
     print!("{}", report::text(&r));
     Ok(r)
+}
+
+/// Writes the JSON and the SVG where asked.
+fn write_report(r: &Report, out: &OutputArgs) -> Result<()> {
+    if let Some(p) = &out.json {
+        std::fs::write(p, serde_json::to_vec_pretty(r)?).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("report: {}", p.display());
+    }
+    if let Some(p) = &out.svg {
+        std::fs::write(p, chart::render(r)?).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("chart: {}", p.display());
+    }
+    Ok(())
 }

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::faults::FaultEvent;
@@ -156,19 +155,6 @@ pub(crate) fn merge_timeline(
             processes: processes.get(&t).cloned().unwrap_or_default(),
         })
         .collect()
-}
-
-/// Writes the JSON and the SVG where asked.
-pub(crate) fn write(r: &Report, out: &OutputArgs) -> Result<()> {
-    if let Some(p) = &out.json {
-        std::fs::write(p, serde_json::to_vec_pretty(r)?).with_context(|| format!("writing {}", p.display()))?;
-        eprintln!("report: {}", p.display());
-    }
-    if let Some(p) = &out.svg {
-        std::fs::write(p, super::chart::render(r)?).with_context(|| format!("writing {}", p.display()))?;
-        eprintln!("chart: {}", p.display());
-    }
-    Ok(())
 }
 
 /// The summary a person reads on stdout.

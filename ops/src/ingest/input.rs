@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
+pub use super::fields::JsonFields;
+use super::fields::Parsed;
 use super::parquet::ParquetRows;
 use crate::vectors::fvecs::VecFile;
 use crate::vectors::npy::NpyMatrix;
@@ -26,20 +28,6 @@ pub struct Row {
     pub vector: Vec<f32>,
     /// A JSON object, if the row has fields besides its id and vector.
     pub payload: Option<String>,
-}
-
-/// How JSON lines name their fields and Parquet files their columns.
-#[derive(Debug, Clone)]
-pub struct JsonFields {
-    pub vector: String,
-    /// `None`: ids are row numbers.
-    pub id: Option<String>,
-}
-
-impl Default for JsonFields {
-    fn default() -> Self {
-        JsonFields { vector: "vector".into(), id: Some("id".into()) }
-    }
 }
 
 /// What the rows must be, checked on every one.
@@ -148,9 +136,6 @@ fn count_lines(path: &Path, fields: &JsonFields) -> Result<(usize, Option<usize>
     }
     Ok((rows, dim))
 }
-
-/// A row's vector, its own id if it has one, and its payload.
-pub(super) type Parsed = (Vec<f32>, Option<u64>, Option<String>);
 
 /// One JSON line: its vector, its id if the line has one, and the other
 /// fields as a payload. An error names the column it is about.

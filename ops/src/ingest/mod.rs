@@ -8,6 +8,7 @@
 //! arguments, the job asks where each of its sources stands and sends
 //! only what comes after.
 
+mod fields;
 pub mod input;
 pub mod parquet;
 pub mod plan;

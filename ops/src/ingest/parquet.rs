@@ -24,7 +24,7 @@ use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 
-use super::input::{JsonFields, Parsed};
+use super::fields::{JsonFields, Parsed};
 
 /// Rows per record batch read: a few MB of 384-d vectors.
 const READ_ROWS: usize = 2048;

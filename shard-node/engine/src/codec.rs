@@ -113,6 +113,18 @@ pub(crate) fn vectors_block_nodes(vector_bytes: usize) -> usize {
     block_nodes(vector_bytes, 0.90)
 }
 
+/// How many of a shard's codes and vectors share a stored block: the
+/// format's, so here rather than in `params`.
+impl IndexParams {
+    pub(crate) fn codes_per_block(&self) -> u32 {
+        codes_block_nodes(self.code_bytes()) as u32
+    }
+
+    pub(crate) fn vectors_per_block(&self) -> u32 {
+        vectors_block_nodes(self.vector_bytes()) as u32
+    }
+}
+
 /// The smallest number of `value_bytes` values over the inline limit whose
 /// overflow pages they fill to `good_fill` (else the best up to 64 KiB; 1
 /// if even two values pass 64 KiB).

@@ -42,7 +42,8 @@
 //! - Storage: `store` (the LMDB environment), `table` (typed keys),
 //!   `codec` (values), `quant` and `nibble` (4-bit codes), `view` and
 //!   `cache` (reading the graph through a transaction), `links_log`,
-//!   `tombstone_set`, `migrate`, `copy`, `digest`, `warm`.
+//!   `tombstone_set`, `migrate`, `copy`, `digest`, `warm`; `prefetch`, the
+//!   cache hint both the walk and the views give.
 #![warn(missing_docs)]
 
 #[cfg(not(target_endian = "little"))]
@@ -69,6 +70,7 @@ mod nibble;
 mod params;
 mod plan;
 mod planner;
+mod prefetch;
 mod quant;
 mod session;
 mod sparse_chunk;

@@ -75,16 +75,6 @@ impl IndexParams {
         crate::quant::code_bytes(self.dim as usize)
     }
 
-    /// Codes per stored block (`codec::codes_block_nodes`).
-    pub(crate) fn codes_per_block(&self) -> u32 {
-        crate::codec::codes_block_nodes(self.code_bytes()) as u32
-    }
-
-    /// Vectors per stored block (`codec::vectors_block_nodes`).
-    pub(crate) fn vectors_per_block(&self) -> u32 {
-        crate::codec::vectors_block_nodes(self.vector_bytes()) as u32
-    }
-
     /// Capacity of a node's link list on `level`.
     pub(crate) fn max_links(&self, level: u8) -> usize {
         if level == 0 { self.m0 as usize } else { self.m as usize }

@@ -436,7 +436,7 @@ impl<'t> TxnView<'t> {
             && let Some(p) = p.get()
             && record < *n as usize
         {
-            crate::hnsw::prefetch(links_log::list_at(p, record, self.links0_bytes), self.links0_bytes);
+            crate::prefetch::prefetch(links_log::list_at(p, record, self.links0_bytes), self.links0_bytes);
         }
         true
     }
@@ -497,7 +497,7 @@ impl<'t> TxnView<'t> {
     #[inline]
     pub(crate) fn prefetch_links0_in(&self, block: *const u8, id: u32) {
         let (p, len) = self.links0_list(block, id);
-        crate::hnsw::prefetch(p, len);
+        crate::prefetch::prefetch(p, len);
     }
 
     /// The exact stored (prepared) vector of `id`.

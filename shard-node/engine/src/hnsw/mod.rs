@@ -9,6 +9,7 @@ mod search;
 mod select;
 mod vacuum;
 
+pub(crate) use crate::prefetch::prefetch;
 pub(crate) use level::level_for;
-pub(crate) use search::{Admit, Scored, Scratch, greedy_closest, prefetch, prefetch_codes, search_layer, walk_layer};
+pub(crate) use search::{Admit, Scored, Scratch, greedy_closest, prefetch_codes, search_layer, walk_layer};
 pub(crate) use select::select_neighbours;

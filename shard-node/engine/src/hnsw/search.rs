@@ -6,6 +6,7 @@ use std::collections::BinaryHeap;
 use crate::cache::Visited;
 use crate::error::Result;
 use crate::metric::Metric;
+use crate::prefetch::prefetch;
 use crate::quant::{Code, Query, code_bytes};
 use crate::stop::Stop;
 use crate::view::Graph;
@@ -252,22 +253,4 @@ pub(crate) fn prefetch_codes<'g, G: Graph<'g>>(graph: &mut G, ids: &[u32]) -> Re
         prefetch(code.as_ptr(), code_bytes(code.dim()));
     }
     Ok(())
-}
-
-/// Asks the CPU to start loading `bytes` bytes at `p` into its caches.
-#[inline(always)]
-pub(crate) fn prefetch(p: *const u8, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let mut off = 0;
-        while off < bytes {
-            // SAFETY: prefetch is a hint; it never faults, even on an
-            // invalid address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast()) };
-            off += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, bytes);
 }
