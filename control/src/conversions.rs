@@ -135,6 +135,13 @@ pub fn replicas_info(p: &crate::model::ShardPlacement, up: impl Fn(&NodeId) -> b
         .collect()
 }
 
+/// A damaged copy a node lists, as the cluster's status shows it; `None`
+/// if the node named no shard.
+pub fn damaged_copy(d: &v1::DamagedShard) -> Option<v1::DamagedCopy> {
+    let id = d.shard.as_ref()?;
+    Some(v1::DamagedCopy { collection: id.collection.clone(), shard: id.shard, reason: d.reason.clone(), since_ms: d.since_ms })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,7 @@ use crate::outstanding::Outstanding;
 use crate::pool::{Connector, ShardPool};
 use crate::routing::{Part, group_ids, split};
 use crate::validate::{self, Limits};
-use shoal_control::conversions::collection_info as info;
+use shoal_control::conversions::{collection_info as info, damaged_copy};
 use shoal_control::metadata::{MetaError, MetadataStore, StoreHealth, Versioned, View, place_replicas};
 use shoal_control::model::{Collection, CollectionSpec, FieldIndexSpec, IndexParams, Metric, ReplicaState, Replication, ShardPlacement};
 
@@ -880,7 +880,7 @@ impl Cluster {
         let shards = join_all(collections.iter().map(|c| self.shard_stats(c, timeout)));
         let probes = join_all(members.iter().map(|m| async move {
             let client = self.client(&m.id)?;
-            self.on_node(&m.id, client.list_shards(v1::ListShardsRequest {}, timeout)).await.map(|l| l.shards.len() as u32)
+            self.on_node(&m.id, client.list_shards(v1::ListShardsRequest {}, timeout)).await
         }));
         let (shards, probes) = tokio::join!(shards, probes);
         let nodes = members
@@ -891,7 +891,8 @@ impl Cluster {
                 address: m.address.clone(),
                 available: p.is_ok(),
                 // What the node holds now, or what it last registered.
-                shards: p.unwrap_or(m.capacity.shards),
+                shards: p.as_ref().map_or(m.capacity.shards, |l| l.shards.len() as u32),
+                damaged: p.as_ref().map_or(Vec::new(), |l| l.damaged.iter().filter_map(damaged_copy).collect()),
                 // An operator's drain overrides what the node says.
                 state: match view.draining.contains(&m.id) {
                     true if crate::moves::holdings(&view, &m.id).is_empty() => "removable".into(),

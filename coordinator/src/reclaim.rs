@@ -18,6 +18,11 @@
 //! The drops that placement changes decide (a move rolled back, a copy
 //! out of sync or over the factor taken out) name the copy they read
 //! before the change, for the same reason (`drop_copy`).
+//!
+//! The same look finds the copies a node no longer serves because they
+//! are damaged (its scrub found a value that fails its checksum): a copy
+//! the placement still counts in sync leaves the in-sync set, and the
+//! repair then seeds it anew from the primary (`repair::Work::Rejoin`).
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -27,10 +32,12 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::Counter;
 
 use shoal_control::metadata::View;
-use shoal_proto::{CollectionName, ErrorCode, NodeId, v1};
+use shoal_control::model::ReplicaState;
+use shoal_proto::{CollectionName, ErrorCode, NodeId, ShoalError, v1};
 use tokio::time::Instant;
 
 use crate::cluster::Cluster;
+use crate::error::Error;
 
 /// How long a call of the pass may take on one node.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -135,6 +142,9 @@ impl Cluster {
                 orphans.forget_node(node);
                 continue;
             };
+            for d in &listed.damaged {
+                self.leave_damaged(&view, node, d).await;
+            }
             let found: Vec<(CollectionName, u32, u64)> = listed
                 .shards
                 .iter()
@@ -162,6 +172,44 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Takes the damaged copy `d` on `node` out of the in-sync set if the
+    /// placement in `view` still counts it there. The last in-sync copy
+    /// stays (the shard's data is then only in snapshots: `shard recover`).
+    async fn leave_damaged(&self, view: &View, node: &NodeId, d: &v1::DamagedShard) {
+        let Some((name, shard)) = d.shard.as_ref().and_then(|id| Some((CollectionName::parse(&id.collection).ok()?, id.shard))) else {
+            return;
+        };
+        let in_sync = view
+            .collection(&name)
+            .and_then(|c| c.value.shards.get(shard as usize).and_then(|p| p.replica(node)).map(|r| r.state == ReplicaState::Active));
+        if in_sync != Some(true) {
+            return;
+        }
+        let why = Error::Remote(ShoalError::new(ErrorCode::DataLoss, format!("the copy on {node} is damaged: {}", d.reason)));
+        match self.leave_in_sync(&name, shard, std::slice::from_ref(node), &why).await {
+            Ok(_) => {
+                damaged_left().add(1, &[KeyValue::new("node", node.to_string())]);
+                tracing::warn!(collection = %name, shard, %node, reason = %d.reason, "a damaged copy left the in-sync set; repair seeds it anew from the primary");
+            }
+            Err(e) => tracing::error!(
+                collection = %name, shard, %node, reason = %d.reason, error = %e,
+                "the only in-sync copy of a shard is damaged: restore it from a snapshot (shoalctl shard recover)"
+            ),
+        }
+    }
+}
+
+fn damaged_left() -> &'static Counter<u64> {
+    static C: OnceLock<Counter<u64>> = OnceLock::new();
+    C.get_or_init(|| {
+        opentelemetry::global::meter("shoal")
+            .u64_counter("shoal.damaged.copies")
+            .with_description("Damaged shard copies the controller took out of the in-sync set to be seeded anew, by node")
+            .build()
+    })
+}
+
 fn reclaimed() -> &'static Counter<u64> {
     static C: OnceLock<Counter<u64>> = OnceLock::new();
     C.get_or_init(|| {
@@ -183,12 +231,13 @@ fn reclaimed_bytes() -> &'static Counter<u64> {
 }
 
 /// The controller's reclaim loop, while it leads: a pass every quarter of
-/// `after` (between 1 s and a minute).
+/// `after`, between 1 and 10 s (damaged copies are found by the same
+/// pass, and should not wait long).
 pub(crate) async fn run(cluster: std::sync::Arc<Cluster>) {
     let Some(after) = cluster.options().reclaim_after else {
         return std::future::pending().await;
     };
-    let every = (after / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let every = (after / 4).clamp(Duration::from_secs(1), Duration::from_secs(10));
     let mut orphans = Orphans::default();
     loop {
         tokio::time::sleep(every).await;

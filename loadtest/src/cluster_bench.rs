@@ -45,6 +45,10 @@ pub(crate) struct Args {
     /// Build threads per shard node.
     #[arg(long, default_value_t = 0)]
     build_threads: usize,
+    /// Each node's background scrub, bytes per second (0: off; default:
+    /// the node's own).
+    #[arg(long)]
+    scrub_bytes_per_second: Option<u64>,
     #[arg(long)]
     dir: Option<PathBuf>,
     #[arg(long)]
@@ -81,6 +85,10 @@ async fn run_async(a: Args) -> Result<()> {
     };
     let mut cfg = EmbeddedConfig::ephemeral(root.path(), a.shard_nodes);
     cfg.engine.build_threads = a.build_threads;
+    if let Some(rate) = a.scrub_bytes_per_second {
+        cfg.scrub.bytes_per_second = rate;
+    }
+    let cfg_scrub = cfg.scrub.bytes_per_second;
     let cluster = EmbeddedCluster::start(cfg).await?;
     let mut client = cluster.client().await?;
     client
@@ -156,7 +164,8 @@ async fn run_async(a: Args) -> Result<()> {
     );
     let out = json!({
         "lib": "shoal-cluster",
-        "params": {"shard_nodes": a.shard_nodes, "shards": a.shards, "batch_size": a.batch_size, "streams": a.streams, "ef": a.ef},
+        "params": {"shard_nodes": a.shard_nodes, "shards": a.shards, "batch_size": a.batch_size, "streams": a.streams, "ef": a.ef,
+                   "scrub_bytes_per_second": cfg_scrub},
         "ingest": {"vectors": ingested, "seconds": ingest_secs, "vectors_per_s": ingested as f64 / ingest_secs},
         "search": {"queries": queries.len(), "recall": recall, "qps_single_client": queries.len() as f64 / search_secs,
                    "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99)},

@@ -94,6 +94,9 @@ pub fn print_nodes(s: &v1::ClusterStatusResponse) {
             if n.state.is_empty() { "-" } else { &n.state },
             n.shards
         );
+        for d in &n.damaged {
+            println!("  DAMAGED {}/{}: not served ({}); repair seeds it anew from another replica", d.collection, d.shard, d.reason);
+        }
     }
 }
 

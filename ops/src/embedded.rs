@@ -9,7 +9,7 @@ use shoal_coordinator::config::ShardNodeEntry;
 use shoal_coordinator::{CoordinatorConfig, RunningCoordinator};
 use shoal_proto::v1::shoal_client::ShoalClient;
 use shoal_server::TelemetryConfig;
-use shoal_shard_node::config::{EngineConfig, SnapshotConfig};
+use shoal_shard_node::config::{EngineConfig, ScrubConfig, SnapshotConfig};
 use shoal_shard_node::{RunningShardNode, ShardNodeConfig};
 use tonic::transport::Channel;
 
@@ -27,6 +27,8 @@ pub struct EmbeddedConfig {
     /// Every node uses the same store, so a shard snapshotted on one node
     /// restores on any other.
     pub snapshot: SnapshotConfig,
+    /// Every node's background scrub.
+    pub scrub: ScrubConfig,
     pub coordinator: CoordinatorConfig,
     /// TLS of every shard node's listener (the coordinator's own is in
     /// `coordinator.listener`, its channels to the nodes in
@@ -50,6 +52,7 @@ impl EmbeddedConfig {
             coordinator_listen: "127.0.0.1:0".parse().expect("literal address"),
             first_shard_port: 0,
             engine: EngineConfig::default(),
+            scrub: ScrubConfig::default(),
             coordinator: CoordinatorConfig::default(),
             node_tls: None,
             telemetry: TelemetryConfig { log: "warn".into(), ..TelemetryConfig::default() },
@@ -87,6 +90,7 @@ impl EmbeddedConfig {
             data_dir: self.data_dir.join(format!("shard-{i}")),
             engine: self.engine.clone(),
             snapshot: self.snapshot.clone(),
+            scrub: self.scrub.clone(),
             telemetry: self.telemetry.clone(),
             ..ShardNodeConfig::default()
         }

@@ -42,6 +42,7 @@ pub struct ShardNodeConfig {
     pub engine: EngineConfig,
     pub writer: WriterConfig,
     pub snapshot: SnapshotConfig,
+    pub scrub: ScrubConfig,
 }
 
 impl ShardNodeConfig {
@@ -73,6 +74,7 @@ impl Default for ShardNodeConfig {
             engine: EngineConfig::default(),
             writer: WriterConfig::default(),
             snapshot: SnapshotConfig::default(),
+            scrub: ScrubConfig::default(),
         }
     }
 }
@@ -330,6 +332,25 @@ impl WriterConfig {
             rest_after: std::time::Duration::from_secs(self.rest_after_secs),
             rest_compact_ratio: self.rest_compact_ratio,
         }
+    }
+}
+
+/// The background scrub, which reads every stored value of every shard
+/// back and checks it against its checksum (see docs/replication.md,
+/// "Damaged copies").
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScrubConfig {
+    /// Bytes per second the node reads for it, all its shards together
+    /// (they share its disk); 0: no scrub.
+    pub bytes_per_second: u64,
+    /// Bytes one step reads in one read transaction.
+    pub step_bytes: u64,
+}
+
+impl Default for ScrubConfig {
+    fn default() -> Self {
+        ScrubConfig { bytes_per_second: 8 << 20, step_bytes: 1 << 20 }
     }
 }
 

@@ -23,6 +23,20 @@ use crate::writer::{Answer, Failure, ShardWriter, Work, WriterOptions};
 /// (collection, shard number).
 pub type ShardKey = (CollectionName, u32);
 
+/// Why a copy on this node is not served, and since when.
+#[derive(Clone, Debug)]
+struct Damaged {
+    reason: String,
+    since_ms: u64,
+}
+
+impl Damaged {
+    fn now(reason: String) -> Self {
+        let since_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        Damaged { reason, since_ms }
+    }
+}
+
 pub(crate) struct Shard {
     pub(crate) index: Arc<Index>,
     /// Shards of the collection (stored beside the environment).
@@ -71,10 +85,10 @@ pub struct ShardHost {
     /// `limits.max_shards`, lowered to what the open-file limit carries.
     max_shards: usize,
     shards: RwLock<HashMap<ShardKey, Arc<Shard>>>,
-    /// Shards found on disk that failed to open (damaged), with why: not
-    /// served, but named in every request for them until they are
-    /// restored or dropped.
-    broken: RwLock<HashMap<ShardKey, String>>,
+    /// Shards found on disk that failed to open, or that the scrub found
+    /// damaged, with why: not served, but named in every request for them
+    /// and in `list` until they are restored or dropped.
+    broken: RwLock<HashMap<ShardKey, Damaged>>,
     /// Shards being created: they count against `max_shards` already.
     creating: Mutex<HashSet<ShardKey>>,
     searches: Searches,
@@ -163,7 +177,7 @@ impl ShardHost {
                         collection = %key.0, shard = key.1, error = %format!("{e:#}"),
                         "shard cannot be opened and is not served: restore it (shoalctl shard recover) or drop it"
                     );
-                    host.broken.write().insert(key, format!("{e:#}"));
+                    host.broken.write().insert(key, Damaged::now(format!("{e:#}")));
                 }
             }
         }
@@ -206,6 +220,33 @@ impl ShardHost {
         self.shards.read().iter().map(|(k, s)| (k.clone(), Arc::clone(s))).collect()
     }
 
+    /// Takes copy `copy` of `key` out of service as damaged (`why`): every
+    /// request for it answers DATA_LOSS from now on, `list` names it, and
+    /// the controller has it made again from another replica. False if
+    /// that copy is not served here (any more).
+    pub(crate) async fn set_damaged(&self, key: &ShardKey, copy: u64, why: String) -> bool {
+        let removed = {
+            let mut shards = self.shards.write();
+            if shards.get(key).is_none_or(|s| s.copy != copy) {
+                return false;
+            }
+            // Named before it goes, so no request finds it merely missing.
+            self.broken.write().insert(key.clone(), Damaged::now(why));
+            shards.remove(key)
+        };
+        if let Some(shard) = removed {
+            shard.close().await;
+            let index = Arc::clone(&shard.index);
+            drop(shard);
+            wait_for_last_user(index).await;
+        }
+        true
+    }
+
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
     pub(crate) fn has(&self, key: &ShardKey) -> bool {
         self.shards.read().contains_key(key)
     }
@@ -245,7 +286,7 @@ impl ShardHost {
     /// Why `key` is not served here: damaged (DATA_LOSS, with the cause),
     /// or not on this node.
     fn missing(&self, key: &ShardKey) -> ShoalError {
-        match self.broken.read().get(key) {
+        match self.broken.read().get(key).map(|d| &d.reason) {
             Some(why) => ShoalError::new(
                 shoal_proto::ErrorCode::DataLoss,
                 format!(
@@ -654,7 +695,18 @@ impl ShardHost {
             let k = |s: &v1::ShardStats| s.shard.as_ref().map(|i| (i.collection.clone(), i.shard));
             k(a).cmp(&k(b))
         });
-        Ok(v1::ListShardsResponse { shards })
+        let mut damaged: Vec<v1::DamagedShard> = self
+            .broken
+            .read()
+            .iter()
+            .map(|((c, s), d)| v1::DamagedShard {
+                shard: Some(v1::ShardId { collection: c.to_string(), shard: *s }),
+                reason: d.reason.clone(),
+                since_ms: d.since_ms,
+            })
+            .collect();
+        damaged.sort_by_key(|d| d.shard.as_ref().map(|i| (i.collection.clone(), i.shard)));
+        Ok(v1::ListShardsResponse { shards, damaged })
     }
 
     /// Stops accepting requests, commits every queued part, closes the

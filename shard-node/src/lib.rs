@@ -17,7 +17,8 @@
 //!   it), `writer` (one group-committing writer per shard; fences and
 //!   batch-log entries go through it, in queue order), `search` (a
 //!   bounded number of searches on blocking threads, stopped at the
-//!   caller's deadline).
+//!   caller's deadline); `scrub` (the background check of every stored
+//!   value, which takes a damaged copy out of service).
 //! - Operations of a [`ShardHost`] in files of their own (`impl ShardHost`
 //!   blocks): `fields` (field indexes, counts, scrolls), `moves` (fencing
 //!   by epoch, reading and applying batch logs), `snapshots` (the host's
@@ -46,6 +47,7 @@ mod memory;
 mod metrics;
 mod moves;
 pub mod registration;
+mod scrub;
 mod search;
 pub mod server;
 pub mod service;

@@ -43,6 +43,11 @@ pub(crate) struct NodeMetrics {
     /// waited for each (the copy; searches wait only for the swap).
     pub(crate) compacted_bytes: Counter<u64>,
     pub(crate) compact_duration: Histogram<f64>,
+    /// Bytes the scrub read and checked, its whole passes, and the damaged
+    /// values it found (each takes its copy out of service).
+    pub(crate) scrubbed_bytes: Counter<u64>,
+    pub(crate) scrub_passes: Counter<u64>,
+    pub(crate) scrub_damage: Counter<u64>,
 }
 
 /// The labels of a shard's searches run with `plan`.
@@ -100,6 +105,16 @@ pub(crate) fn get() -> &'static NodeMetrics {
                 .with_description("Bytes of free pages a shard's compactions gave back to the disk")
                 .build(),
             compact_duration: seconds("shoal.shard.compact.duration", "A shard's compaction: the copy, then the swap"),
+            scrubbed_bytes: m
+                .u64_counter("shoal.shard.scrub.read")
+                .with_unit("By")
+                .with_description("Bytes of stored values the background scrub read and checked against their checksums")
+                .build(),
+            scrub_passes: m.u64_counter("shoal.shard.scrub.passes").with_description("Whole passes of the scrub over a shard").build(),
+            scrub_damage: m
+                .u64_counter("shoal.shard.scrub.damaged")
+                .with_description("Damaged values the scrub found; each takes its shard copy out of service")
+                .build(),
         }
     })
 }

@@ -24,6 +24,7 @@ pub struct RunningShardNode {
     presence: Option<Presence>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    scrub: Option<tokio::task::JoinHandle<()>>,
     /// Held (locked) for as long as the node runs.
     data_dir: DataDir,
 }
@@ -50,7 +51,8 @@ impl RunningShardNode {
             let _ = stopped.await;
         }));
         tracing::info!(node = %cfg.node_id, %addr, data_dir = %cfg.data_dir.display(), "shard node serving");
-        let mut node = RunningShardNode { addr, host, presence: None, stop: Some(stop), task, data_dir };
+        let scrub = crate::scrub::spawn(&host, &cfg.scrub);
+        let mut node = RunningShardNode { addr, host, presence: None, stop: Some(stop), task, scrub, data_dir };
         if cfg.cluster.uses_etcd() {
             // Serving first: a coordinator that sees the registration can
             // reach the node at once.
@@ -119,6 +121,9 @@ impl RunningShardNode {
             let _ = stop.send(());
         }
         let served = (&mut self.task).await;
+        if let Some(scrub) = self.scrub.take() {
+            scrub.abort();
+        }
         self.host.shutdown().await;
         served??;
         Ok(())

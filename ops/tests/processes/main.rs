@@ -19,6 +19,7 @@ mod limits;
 mod moves;
 mod replicas;
 mod restarts;
+mod scrub;
 mod search_deadline;
 mod snapshots;
 mod telemetry;
@@ -89,6 +90,10 @@ fn main() -> ExitCode {
         trial(
             "etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired",
             replicas::etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired,
+        ),
+        trial(
+            "etcd_a_bit_flipped_on_a_replica_is_found_by_the_scrub_and_the_copy_made_again",
+            scrub::etcd_a_bit_flipped_on_a_replica_is_found_by_the_scrub_and_the_copy_made_again,
         ),
         trial("etcd_a_move_survives_the_death_of_its_controller", moves::etcd_a_move_survives_the_death_of_its_controller),
         trial("etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot", moves::etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot),

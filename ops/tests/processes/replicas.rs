@@ -18,18 +18,18 @@ use tonic::transport::Channel;
 use crate::check;
 use crate::common::{Fixture, create_replicated, points, points_in, rng, upsert_all};
 
-const TTL: Duration = Duration::from_secs(2);
+pub(crate) const TTL: Duration = Duration::from_secs(2);
 const REPAIR_AFTER: Duration = Duration::from_secs(6);
 const RECLAIM_AFTER: Duration = Duration::from_secs(2);
-const DIM: u32 = 16;
+pub(crate) const DIM: u32 = 16;
 
-async fn describe(client: &mut ShoalClient<Channel>) -> anyhow::Result<v1::CollectionInfo> {
+pub(crate) async fn describe(client: &mut ShoalClient<Channel>) -> anyhow::Result<v1::CollectionInfo> {
     Ok(client.describe_collection(v1::DescribeCollectionRequest { name: "docs".into() }).await?.into_inner())
 }
 
 /// The nodes of each shard's copies, sorted, if every shard has exactly
 /// two active ones and none is moving.
-fn settled(info: &v1::CollectionInfo) -> Option<Vec<Vec<String>>> {
+pub(crate) fn settled(info: &v1::CollectionInfo) -> Option<Vec<Vec<String>>> {
     let mut out = Vec::new();
     for s in &info.shards {
         if s.moving.is_some() || s.replicas.len() != 2 || s.replicas.iter().any(|r| r.state != "active") {
@@ -44,7 +44,10 @@ fn settled(info: &v1::CollectionInfo) -> Option<Vec<Vec<String>>> {
 
 /// Waits for every shard to hold two active copies; returns their nodes
 /// and how long it took.
-async fn until_settled(client: &mut ShoalClient<Channel>, within: Duration) -> anyhow::Result<Option<(Vec<Vec<String>>, Duration)>> {
+pub(crate) async fn until_settled(
+    client: &mut ShoalClient<Channel>,
+    within: Duration,
+) -> anyhow::Result<Option<(Vec<Vec<String>>, Duration)>> {
     let started = Instant::now();
     while started.elapsed() < within {
         if let Ok(info) = describe(client).await
@@ -58,7 +61,7 @@ async fn until_settled(client: &mut ShoalClient<Channel>, within: Duration) -> a
 }
 
 /// A search that must be whole: every shard answered.
-async fn whole_search(client: &mut ShoalClient<Channel>, rng: &mut rand::rngs::StdRng) -> anyhow::Result<bool> {
+pub(crate) async fn whole_search(client: &mut ShoalClient<Channel>, rng: &mut rand::rngs::StdRng) -> anyhow::Result<bool> {
     let q = crate::common::vector(rng, DIM as usize);
     let r = client.search(v1::SearchRequest { collection: "docs".into(), vector: q, k: 10, ..Default::default() }).await?.into_inner();
     Ok(!r.partial && r.shards_answered == r.shards_total && r.hits.len() == 10)
@@ -172,7 +175,12 @@ pub(crate) fn etcd_a_node_back_rejoins_and_a_node_gone_for_good_is_repaired() ->
 }
 
 /// Every shard's copies agree and the collection holds `points` points.
-fn check_agree(fx: &Fixture, rt: &tokio::runtime::Runtime, client: &mut ShoalClient<Channel>, points: u64) -> anyhow::Result<()> {
+pub(crate) fn check_agree(
+    fx: &Fixture,
+    rt: &tokio::runtime::Runtime,
+    client: &mut ShoalClient<Channel>,
+    points: u64,
+) -> anyhow::Result<()> {
     let (held, verdicts) = rt.block_on(async {
         let held = points_in(client, "docs").await?;
         let mut verdicts = Vec::new();

@@ -203,9 +203,10 @@ pub(crate) fn decode_links(bytes: &[u8], out: &mut Vec<u32>) -> bool {
 /// 9: codes of 4-bit levels: the high plane of format 8's codes, without
 ///    the low one (`quant`).
 ///
-/// 10 is taken by the unmerged `three-line-codes` layout (docs/scale.md):
-/// the next format is 11, so that its files are never misread.
-pub(crate) const FORMAT_VERSION: u32 = 9;
+/// 10: never written by a release; refused.
+/// 11: every value ends in a checksum (`table::TRAILER`), which the store
+///    adds when it opens an older file, before this record is read.
+pub(crate) const FORMAT_VERSION: u32 = 11;
 
 /// Meta key of the parameters.
 pub(crate) const META_PARAMS: &[u8] = b"params";

@@ -43,7 +43,8 @@
 //!   `codec` (values), `quant` and `nibble` (4-bit codes), `view` and
 //!   `cache` (reading the graph through a transaction), `links_log`,
 //!   `tombstone_set`, `migrate`, `copy`, `digest`, `warm`; `prefetch`, the
-//!   cache hint both the walk and the views give.
+//!   cache hint both the walk and the views give; `scrub`, checking every
+//!   stored value's checksum (`table`) in paced steps.
 #![warn(missing_docs)]
 
 #[cfg(not(target_endian = "little"))]
@@ -72,6 +73,7 @@ mod plan;
 mod planner;
 mod prefetch;
 mod quant;
+mod scrub;
 mod session;
 mod sparse_chunk;
 mod stop;
@@ -96,6 +98,7 @@ pub use index::{
 pub use metric::{Metric, VectorError};
 pub use params::{IndexParams, MAX_DIM};
 pub use planner::{Explain, Plan, PlannerOptions};
+pub use scrub::{ScrubCursor, ScrubStep};
 pub use session::{Found, Hit, MAX_EF, MAX_K, Page, SearchParams, StoredPoint};
 pub use shoal_filter::{
     MAX_ANY_VALUES, MAX_FILTER_CONDITIONS, MAX_FILTER_DEPTH, MAX_HAS_IDS, MAX_KEYWORD_BYTES, parse_json as parse_filter,

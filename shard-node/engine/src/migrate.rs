@@ -10,6 +10,10 @@
 //! are its 4-bit levels (`quant`); the plane of low nibbles goes, and the
 //! codes are packed again into blocks of `codec::codes_block_nodes` of the
 //! shorter size. Everything else is the same.
+//!
+//! 9 → 11: every value gains a checksum trailer, which `store` adds to any
+//! environment without its mark before anything reads it, whatever the
+//! format; nothing is left to do here.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
@@ -30,6 +34,8 @@ pub(crate) fn to_current(store: &Store, wtxn: &mut RwTxn<'_>, params: &IndexPara
             codes_to_four_bits(store, wtxn, params)
         }
         8 => codes_to_four_bits(store, wtxn, params),
+        // The trailers were added when the store opened.
+        9 => Ok(()),
         _ => Err(Error::UnsupportedFormat { path: store.path.clone(), found: from, supported: crate::codec::FORMAT_VERSION }),
     }
 }

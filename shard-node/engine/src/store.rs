@@ -6,7 +6,10 @@ use heed::types::Bytes;
 use heed::{CommitOrAbort, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
 
 use crate::error::{Error, Result};
-use crate::table::{Block, Db, Epoch, ExternalId, InternalId, LevelId, LogPart, MalformedKey, Name, PointSeq, RetiredKey, SeqPoint, Table};
+use crate::table::{
+    Block, CHECKSUMS_MARK, DamagedValue, Db, Epoch, ExternalId, InternalId, LevelId, LogPart, MalformedKey, Name, PointSeq, RetiredKey,
+    SeqPoint, Table,
+};
 
 /// The databases of one index, each typed by its key (see `table`).
 #[derive(Clone, Copy)]
@@ -79,6 +82,26 @@ const DB_NAMES: [&str; 17] = [
     "postings",
     "field_columns",
 ];
+
+/// Makes sure every value of the environment carries its trailer
+/// (`table`): a new one is marked so, one written by a build without them
+/// gets them now, in one write transaction.
+fn mark_checksums(env: &Env<WithoutTls>, path: &Path, fresh: bool, dbs: &[Db]) -> Result<()> {
+    let meta = dbs[0];
+    let rtxn = env.read_txn().map_err(|e| storage(path, e))?;
+    if meta.get(&rtxn, CHECKSUMS_MARK).map_err(|e| storage(path, e))?.is_some() {
+        return Ok(());
+    }
+    drop(rtxn);
+    let mut wtxn = env.write_txn().map_err(|e| storage(path, e))?;
+    if !fresh {
+        let started = std::time::Instant::now();
+        let values = crate::table::add_trailers(&mut wtxn, dbs).map_err(|e| storage(path, e))?;
+        tracing::info!(path = %path.display(), values, ms = started.elapsed().as_millis() as u64, "added a checksum to every stored value");
+    }
+    Table::<Name>::new(meta, "meta").put(&mut wtxn, CHECKSUMS_MARK, b"crc32").map_err(|e| storage(path, e))?;
+    wtxn.commit().map_err(|e| storage(path, e))
+}
 
 /// How the environment is opened.
 #[derive(Clone, Debug)]
@@ -216,13 +239,16 @@ impl Store {
             unreachable!("one database per name");
         };
         let page = env.read_txn().ok().and_then(|t| meta.stat(&t).ok()).map_or(page, |s| u64::from(s.page_size));
+        mark_checksums(&env, path, fresh, &dbs)?;
+        // What a walk reads at every step is checked by the scrub, not on
+        // each read (`table`).
         let dbs = Dbs {
             meta: Table::new(meta, "meta"),
-            vectors: Table::new(vectors, "vectors"),
-            codes: Table::new(codes, "codes"),
-            links0: Table::new(links0, "links0"),
-            links0_log: Table::new(links0_log, "links0_log"),
-            links_up: Table::new(links_up, "links_up"),
+            vectors: Table::new(vectors, "vectors").checked_by_scrub(),
+            codes: Table::new(codes, "codes").checked_by_scrub(),
+            links0: Table::new(links0, "links0").checked_by_scrub(),
+            links0_log: Table::new(links0_log, "links0_log").checked_by_scrub(),
+            links_up: Table::new(links_up, "links_up").checked_by_scrub(),
             nodes: Table::new(nodes, "nodes"),
             external: Table::new(external, "external"),
             payloads: Table::new(payloads, "payloads"),
@@ -233,9 +259,15 @@ impl Store {
             log_vectors_by_seq: Table::new(log_vectors_by_seq, "log_vectors_by_seq"),
             fields: Table::new(fields, "fields"),
             postings: Table::new(postings, "postings"),
-            field_columns: Table::new(field_columns, "field_columns"),
+            field_columns: Table::new(field_columns, "field_columns").checked_by_scrub(),
         };
         Ok(Store { env, dbs, all, path: path.to_owned(), max_map_size: opts.max_map_size, page })
+    }
+
+    /// Every table, by name, untyped: for what reads them all as stored
+    /// (`scrub`).
+    pub(crate) fn tables(&self) -> &[(&'static str, Db)] {
+        &self.all
     }
 
     /// Maps a heed error to the engine's, naming the environment.
@@ -492,6 +524,11 @@ pub(crate) fn storage(path: &Path, e: heed::Error) -> Error {
         && let Some(key) = d.downcast_ref::<MalformedKey>()
     {
         return Error::Corrupt { path: path.to_owned(), detail: key.to_string() };
+    }
+    if let heed::Error::Decoding(d) = &e
+        && let Some(value) = d.downcast_ref::<DamagedValue>()
+    {
+        return Error::Corrupt { path: path.to_owned(), detail: value.to_string() };
     }
     match &e {
         heed::Error::Io(io) if io.raw_os_error() == Some(libc::ENOSPC) => Error::DiskFull { path: path.to_owned() },

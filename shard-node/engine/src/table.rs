@@ -12,7 +12,17 @@
 //! Keys are big-endian so that LMDB's byte order is numeric order and
 //! sequential ids append to the B-trees instead of splitting pages all
 //! over the file.
+//!
+//! Every stored value ends in a [`TRAILER`]: a CRC-32 of its key and its
+//! bytes. LMDB checks the shape of its pages but not their content, so a
+//! bit flipped on the disk in a vector, a link or a payload would
+//! otherwise be read as data. Tables read on every search step (vectors,
+//! codes, links, columns) leave the check to the scrub (`scrub`), which
+//! walks every value; the others check each value they hand out, a few
+//! nanoseconds against the lookup. Covering the key too means a damaged
+//! key is caught as well, and a value cannot pass for another's.
 
+use std::io::Write;
 use std::marker::PhantomData;
 
 use heed::types::Bytes;
@@ -219,11 +229,90 @@ pub(crate) struct MalformedKey {
     key: Vec<u8>,
 }
 
+/// Bytes after every stored value: the little-endian CRC-32 of the key then
+/// the value (crc32fast, which runs at memory speed with the CPU's
+/// carry-less multiply).
+pub(crate) const TRAILER: usize = 4;
+
+/// The trailer of `value` stored under `key`.
+pub(crate) fn checksum(key: &[u8], value: &[u8]) -> [u8; TRAILER] {
+    let mut h = crc32fast::Hasher::new();
+    h.update(key);
+    h.update(value);
+    h.finalize().to_le_bytes()
+}
+
+/// The value of a stored entry without its trailer, if its trailer matches.
+pub(crate) fn checked<'v>(key: &[u8], stored: &'v [u8]) -> Result<&'v [u8], Damage> {
+    let (value, sum) = stored.split_last_chunk::<TRAILER>().ok_or(Damage::Short)?;
+    if *sum == checksum(key, value) { Ok(value) } else { Err(Damage::Checksum) }
+}
+
+/// What is wrong with a stored value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Damage {
+    /// Shorter than its trailer: no build writes such a value.
+    Short,
+    /// Its trailer does not match its key and bytes.
+    Checksum,
+}
+
+/// A stored value that fails its checksum: the file changed outside LMDB
+/// (a bit flipped on the disk, in the page cache, or a write torn by the
+/// device). Handed out as `heed::Error::Decoding`, like [`MalformedKey`].
+#[derive(Debug, thiserror::Error)]
+#[error("the {table} table's value under key {key:?} {}", match .damage {
+    Damage::Short => "is shorter than its checksum",
+    Damage::Checksum => "does not match its checksum",
+})]
+pub(crate) struct DamagedValue {
+    pub(crate) table: &'static str,
+    pub(crate) key: Vec<u8>,
+    pub(crate) damage: Damage,
+}
+
+/// The meta key whose presence says every value carries a trailer.
+pub(crate) const CHECKSUMS_MARK: &[u8] = b"checksums";
+
+/// Gives every value of `dbs` its trailer, for an environment written by a
+/// build without them, in `wtxn` (a crash leaves it as it was), a bounded
+/// number of entries at a time so memory stays small at any size.
+pub(crate) fn add_trailers(wtxn: &mut RwTxn, dbs: &[Db]) -> heed::Result<u64> {
+    const STEP: usize = 1024;
+    let mut rewritten = 0u64;
+    for db in dbs {
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let from = after.as_deref().map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+            let entries: Vec<(Vec<u8>, Vec<u8>)> = db
+                .range(wtxn, &(from, std::ops::Bound::Unbounded))?
+                .take(STEP)
+                .map(|item| item.map(|(k, v)| (k.to_vec(), v.to_vec())))
+                .collect::<heed::Result<_>>()?;
+            for (key, value) in &entries {
+                let mut stored = Vec::with_capacity(value.len() + TRAILER);
+                stored.extend_from_slice(value);
+                stored.extend_from_slice(&checksum(key, value));
+                db.put(wtxn, key, &stored)?;
+            }
+            rewritten += entries.len() as u64;
+            match entries.into_iter().last() {
+                Some((key, _)) => after = Some(key),
+                None => break,
+            }
+        }
+    }
+    Ok(rewritten)
+}
+
 /// One database, keyed by `K`.
 pub(crate) struct Table<K> {
     db: Db,
     /// The database's name, for the error that names a malformed key.
     name: &'static str,
+    /// Whether every read checks the value's trailer (see the module's
+    /// notes); the trailer is always written and always taken off.
+    verify: bool,
     key: PhantomData<K>,
 }
 
@@ -240,28 +329,72 @@ impl<K> Copy for Table<K> {}
 pub(crate) type Entry<'t, K> = heed::Result<(<K as TableKey>::Key<'t>, &'t [u8])>;
 
 impl<K: TableKey> Table<K> {
-    /// `db`, opened under `name`, holds keys of shape `K`.
+    /// `db`, opened under `name`, holds keys of shape `K`; every read
+    /// checks its value's trailer.
     pub(crate) fn new(db: Db, name: &'static str) -> Self {
-        Table { db, name, key: PhantomData }
+        Table { db, name, verify: true, key: PhantomData }
+    }
+
+    /// The same table with reads that take the trailer off unchecked: for
+    /// the tables a walk reads at every step, which the scrub checks.
+    pub(crate) fn checked_by_scrub(self) -> Self {
+        Table { verify: false, ..self }
     }
 
     pub(crate) fn get<'t>(self, txn: &'t RoTxn, key: K::Key<'_>) -> heed::Result<Option<&'t [u8]>> {
-        self.db.get(txn, K::encode(key).as_ref())
+        let key = K::encode(key);
+        match self.db.get(txn, key.as_ref())? {
+            Some(stored) => self.value(key.as_ref(), stored).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// `stored` without its trailer, checked if this table checks reads.
+    #[inline]
+    fn value<'t>(self, key: &[u8], stored: &'t [u8]) -> heed::Result<&'t [u8]> {
+        let damaged = |damage| heed::Error::Decoding(Box::new(DamagedValue { table: self.name, key: key.to_vec(), damage }));
+        if self.verify {
+            return checked(key, stored).map_err(damaged);
+        }
+        match stored.split_last_chunk::<TRAILER>() {
+            Some((value, _)) => Ok(value),
+            None => Err(damaged(Damage::Short)),
+        }
     }
 
     pub(crate) fn put(self, txn: &mut RwTxn, key: K::Key<'_>, value: &[u8]) -> heed::Result<()> {
-        self.db.put(txn, K::encode(key).as_ref(), value)
+        let key = K::encode(key);
+        let key = key.as_ref();
+        self.db.put_reserved(txn, key, value.len() + TRAILER, |space| {
+            space.write_all(value)?;
+            space.write_all(&checksum(key, value))
+        })
     }
 
     /// [`Table::put`] under a key above every stored one: LMDB then fills
     /// pages completely instead of splitting them in half (and refuses a
     /// key that is not the largest).
     pub(crate) fn append(self, txn: &mut RwTxn, key: K::Key<'_>, value: &[u8]) -> heed::Result<()> {
-        self.db.put_with_flags(txn, PutFlags::APPEND, K::encode(key).as_ref(), value)
+        let key = K::encode(key);
+        let key = key.as_ref();
+        // heed reserves space only without flags: the trailer is added in a
+        // buffer, on the stack for the small values appended most.
+        let mut small = [0u8; 64];
+        let mut large = Vec::new();
+        let stored = if value.len() + TRAILER <= small.len() {
+            &mut small[..value.len() + TRAILER]
+        } else {
+            large.resize(value.len() + TRAILER, 0);
+            &mut large[..]
+        };
+        stored[..value.len()].copy_from_slice(value);
+        stored[value.len()..].copy_from_slice(&checksum(key, value));
+        self.db.put_with_flags(txn, PutFlags::APPEND, key, stored)
     }
 
     /// Puts a value of `len` bytes that `write` writes straight into the
-    /// pages LMDB reserves for it.
+    /// pages LMDB reserves for it; what `write` leaves of the `len` bytes
+    /// is zeros.
     pub(crate) fn put_reserved(
         self,
         txn: &mut RwTxn,
@@ -269,7 +402,27 @@ impl<K: TableKey> Table<K> {
         len: usize,
         write: impl FnOnce(&mut ReservedSpace) -> std::io::Result<()>,
     ) -> heed::Result<()> {
-        self.db.put_reserved(txn, K::encode(key).as_ref(), len, write)
+        let key = K::encode(key);
+        let key = key.as_ref();
+        self.db.put_reserved(txn, key, len + TRAILER, |space| {
+            write(space)?;
+            static ZEROS: [u8; 4096] = [0; 4096];
+            let mut zeros = space.remaining().checked_sub(TRAILER).ok_or(std::io::ErrorKind::WriteZero)?;
+            while zeros > 0 {
+                let n = zeros.min(ZEROS.len());
+                space.write_all(&ZEROS[..n])?;
+                zeros -= n;
+            }
+            let sum = checksum(key, space.written_mut());
+            space.write_all(&sum)
+        })
+    }
+
+    /// Puts `stored` exactly as given, trailer or not: for tests that damage
+    /// a value or write one as an older build did.
+    #[cfg(test)]
+    pub(crate) fn put_stored(self, txn: &mut RwTxn, key: K::Key<'_>, stored: &[u8]) -> heed::Result<()> {
+        self.db.put(txn, K::encode(key).as_ref(), stored)
     }
 
     pub(crate) fn delete(self, txn: &mut RwTxn, key: K::Key<'_>) -> heed::Result<bool> {
@@ -293,7 +446,7 @@ impl<K: TableKey> Table<K> {
     /// The same database read with keys of another shape: only for a
     /// migration that rewrites a table from an older layout.
     pub(crate) fn retyped<K2>(self) -> Table<K2> {
-        Table { db: self.db, name: self.name, key: PhantomData }
+        Table { db: self.db, name: self.name, verify: self.verify, key: PhantomData }
     }
 
     /// Entries held; LMDB keeps the count, nothing is scanned.
@@ -323,10 +476,10 @@ impl<K: TableKey> Table<K> {
     }
 
     fn decoded<'t>(self, item: heed::Result<(&'t [u8], &'t [u8])>) -> Entry<'t, K> {
-        let (key, value) = item?;
-        let key = K::decode(key)
-            .ok_or_else(|| heed::Error::Decoding(Box::new(MalformedKey { table: self.name, what: K::WHAT, key: key.to_vec() })))?;
-        Ok((key, value))
+        let (raw, stored) = item?;
+        let key = K::decode(raw)
+            .ok_or_else(|| heed::Error::Decoding(Box::new(MalformedKey { table: self.name, what: K::WHAT, key: raw.to_vec() })))?;
+        Ok((key, self.value(raw, stored)?))
     }
 
     /// Drops the database from the file, as an index written before it

@@ -9,6 +9,7 @@ use crate::batch_log::{self, LogRead};
 use crate::cache::SharedAddrs;
 use crate::error::{Error, InvalidInput, Result};
 use crate::params::IndexParams;
+use crate::scrub::{self, ScrubCursor, ScrubStep};
 use crate::session::{self, Hit, SearchParams, Session, StoredPoint};
 use crate::stop::Stop;
 
@@ -80,6 +81,18 @@ impl Index {
         let txn = self.store.env.read_txn().map_err(|e| self.store.err(e))?;
         let state = session::read_state(&self.store, &txn)?;
         batch_log::read(&self.store, &txn, &state, from_seq, max_bytes, self.params.dim as usize)
+    }
+
+    /// Checks the stored values from `from` on against their checksums,
+    /// about `budget_bytes` of them (at least one value), in one read
+    /// transaction: a background scrub calls this in a loop at its own
+    /// pace, starting each step where the last one ended.
+    /// [`Error::Corrupt`](crate::Error::Corrupt) names the first damaged
+    /// value found.
+    pub fn scrub(&self, from: &ScrubCursor, budget_bytes: u64) -> Result<ScrubStep> {
+        let _shared = self.resize.read();
+        let txn = self.store.env.read_txn().map_err(|e| self.store.err(e))?;
+        scrub::step(&self.store, &txn, from, budget_bytes)
     }
 
     /// The `k` nearest live points to `query`.

@@ -822,11 +822,7 @@ impl Index {
                 // value is about a megabyte at 100k points.
                 let len = links_log::value_bytes(old.len(), m0, self.page_size);
                 dbs.links0_log
-                    .put_reserved(wtxn, next_epoch, len, |space| {
-                        links_log::write_value(old.iter().copied(), m0, space)?;
-                        space.fill_zeroes();
-                        Ok(())
-                    })
+                    .put_reserved(wtxn, next_epoch, len, |space| links_log::write_value(old.iter().copied(), m0, space))
                     .map_err(err)?;
                 Ok(Some(base.with_value(next_epoch, old.iter().map(|(id, _)| *id))))
             }
