@@ -175,7 +175,7 @@ impl Cluster {
 impl Cluster {
     /// Takes the damaged copy `d` on `node` out of the in-sync set if the
     /// placement in `view` still counts it there. The last in-sync copy
-    /// stays (the shard's data is then only in snapshots: `shard recover`).
+    /// stays (the shard's data is then only in snapshots: `snapshot restore`).
     async fn leave_damaged(&self, view: &View, node: &NodeId, d: &v1::DamagedShard) {
         let Some((name, shard)) = d.shard.as_ref().and_then(|id| Some((CollectionName::parse(&id.collection).ok()?, id.shard))) else {
             return;
@@ -194,7 +194,7 @@ impl Cluster {
             }
             Err(e) => tracing::error!(
                 collection = %name, shard, %node, reason = %d.reason, error = %e,
-                "the only in-sync copy of a shard is damaged: restore it from a snapshot (shoalctl shard recover)"
+                "the only in-sync copy of a shard is damaged: restore it from a snapshot (docs/runbooks/a-copy-is-damaged.md)"
             ),
         }
     }

@@ -95,9 +95,21 @@ pub fn print_nodes(s: &v1::ClusterStatusResponse) {
             n.shards
         );
         for d in &n.damaged {
-            println!("  DAMAGED {}/{}: not served ({}); repair seeds it anew from another replica", d.collection, d.shard, d.reason);
+            let next = if other_copies(s, d, &n.id) > 0 {
+                "the controller seeds it anew from another replica"
+            } else {
+                "the only copy in sync: restore the shard from a snapshot (docs/runbooks/a-copy-is-damaged.md)"
+            };
+            println!("  DAMAGED {}/{}: not served; {next} ({})", d.collection, d.shard, d.reason);
         }
     }
+}
+
+/// In-sync copies of the damaged copy `d`'s shard on nodes other than
+/// `node` that are up.
+fn other_copies(s: &v1::ClusterStatusResponse, d: &v1::DamagedCopy, node: &str) -> usize {
+    let shard = s.collections.iter().find(|c| c.name == d.collection).and_then(|c| c.shards.iter().find(|i| i.shard == d.shard));
+    shard.map_or(0, |i| i.replicas.iter().filter(|r| r.node != node && r.state == "active" && !r.node_down).count())
 }
 
 fn print_control_plane(cp: &v1::ControlPlane) {
@@ -180,6 +192,25 @@ mod tests {
 
     fn replica(node: &str, state: &str, node_down: bool) -> v1::ReplicaInfo {
         v1::ReplicaInfo { node: node.into(), state: state.into(), node_down }
+    }
+
+    #[test]
+    fn a_damaged_copy_counts_the_other_copies_in_sync_that_can_seed_it() {
+        let shard = v1::ShardInfo {
+            shard: 1,
+            replicas: vec![replica("shard-1", "dead", false), replica("shard-2", "active", false), replica("shard-3", "active", true)],
+            ..Default::default()
+        };
+        let s = v1::ClusterStatusResponse {
+            collections: vec![v1::CollectionInfo { name: "docs".into(), shards: vec![shard], ..Default::default() }],
+            ..Default::default()
+        };
+        let damaged = |c: &str, shard| v1::DamagedCopy { collection: c.into(), shard, ..Default::default() };
+        // shard-2 can seed it; shard-3's node is down.
+        assert_eq!(other_copies(&s, &damaged("docs", 1), "shard-1"), 1);
+        assert_eq!(other_copies(&s, &damaged("docs", 1), "shard-2"), 0);
+        assert_eq!(other_copies(&s, &damaged("docs", 0), "shard-1"), 0, "no such shard");
+        assert_eq!(other_copies(&s, &damaged("other", 1), "shard-1"), 0, "no such collection");
     }
 
     #[test]

@@ -175,7 +175,7 @@ impl ShardHost {
                 Err(e) => {
                     tracing::error!(
                         collection = %key.0, shard = key.1, error = %format!("{e:#}"),
-                        "shard cannot be opened and is not served: restore it (shoalctl shard recover) or drop it"
+                        "shard cannot be opened and is not served: restore it from a snapshot (shoalctl snapshot restore --replace) or drop it"
                     );
                     host.broken.write().insert(key, Damaged::now(format!("{e:#}")));
                 }
@@ -290,8 +290,8 @@ impl ShardHost {
             Some(why) => ShoalError::new(
                 shoal_proto::ErrorCode::DataLoss,
                 format!(
-                    "shard {}/{} on this node is damaged and not served ({why}): restore it with `shoalctl shard recover {}/{}`, \
-                     resync it from another replica, or drop it",
+                    "shard {}/{} on this node is damaged and not served ({why}): restore it from its newest snapshot \
+                     (`shoalctl snapshot restore {} ID --shard {} --replace`), resync it from another replica, or drop it",
                     key.0, key.1, key.0, key.1
                 ),
             ),

@@ -75,7 +75,7 @@ async fn run(host: Weak<ShardHost>, cfg: ScrubConfig) {
                 let why = format!("the scrub found: {e}");
                 tracing::error!(
                     collection = %key.0, shard = key.1, error = %e,
-                    "a shard copy is damaged: it is no longer served; the controller makes it again from another replica, or restore it (shoalctl shard recover)"
+                    "a shard copy is damaged: it is no longer served; the controller seeds it anew from another replica, or restore it from a snapshot (docs/runbooks/a-copy-is-damaged.md)"
                 );
                 crate::metrics::get().scrub_damage.add(1, &labels);
                 cursors.remove(&at);

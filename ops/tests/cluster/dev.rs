@@ -115,6 +115,11 @@ impl DevCluster {
         Some(DevCluster::start_with_env(&etcd, nodes, coordinators, env))
     }
 
+    /// Where its processes keep their data (a node's under its id).
+    pub(crate) fn data_dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     /// The snapshot store its nodes share.
     pub(crate) fn snapshots(&self) -> std::path::PathBuf {
         self.dir.path().join("snapshots")

@@ -445,11 +445,11 @@ async fn reads_fail_over_from_a_damaged_copy_and_report_data_loss_when_every_cop
     let e = tc.client.search(search).await.unwrap_err();
     assert_eq!(e.code(), Code::DataLoss, "{e:?}");
     assert!(e.metadata().get("retry-after-ms").is_none(), "a retry cannot help: {e:?}");
-    assert!(e.message().contains("shard recover docs/"), "the way out is named: {}", e.message());
+    assert!(e.message().contains("snapshot restore docs ID --shard"), "the way out is named: {}", e.message());
     assert!(e.message().contains("shard-0") && e.message().contains("shard-1"), "every copy is named: {}", e.message());
     let e = tc.client.get(get_all()).await.unwrap_err();
     assert_eq!(e.code(), Code::DataLoss, "{e:?}");
     assert!(e.metadata().get("retry-after-ms").is_none(), "a retry cannot help: {e:?}");
-    assert!(e.message().contains("shard recover docs/"), "{}", e.message());
+    assert!(e.message().contains("snapshot restore docs ID --shard"), "{}", e.message());
     tc.cluster.shutdown().await.unwrap();
 }

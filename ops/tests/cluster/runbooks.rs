@@ -354,10 +354,15 @@ const FAST_REPAIR: [(&str, &str); 3] =
 
 /// `(node, state)` of every replica of every shard of `docs`, by shard.
 fn replicas_of(endpoint: &str) -> Vec<Vec<(String, String)>> {
+    replicas_of_collection(endpoint, "docs")
+}
+
+/// `(node, state)` of every replica of every shard of `name`, by shard.
+fn replicas_of_collection(endpoint: &str, name: &str) -> Vec<Vec<(String, String)>> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut client = shoal_proto::v1::shoal_client::ShoalClient::connect(endpoint.to_owned()).await.unwrap();
-        let c = client.describe_collection(v1::DescribeCollectionRequest { name: "docs".into() }).await.unwrap().into_inner();
+        let c = client.describe_collection(v1::DescribeCollectionRequest { name: name.into() }).await.unwrap().into_inner();
         c.shards.iter().map(|s| s.replicas.iter().map(|r| (r.node.clone(), r.state.clone())).collect()).collect()
     })
 }
@@ -437,6 +442,93 @@ fn etcd_runbook_a_replicated_node_died() {
     let acks = ingest_job(&endpoint, 1..=6);
     assert!(acks[..5].iter().all(|a| a.status == v1::BatchStatus::Skipped as i32), "{acks:?}");
     assert_eq!(points_of(&endpoint, "docs"), 600);
+    dev.interrupt();
+}
+
+/// Flips one bit wherever `needle` occurs in a `data.mdb` under `dir`, as
+/// a disk would, in at most `files` files; returns the files it changed.
+fn flip_on_disk(dir: &Path, needle: &[u8], files: usize) -> Vec<std::path::PathBuf> {
+    use std::os::unix::fs::FileExt;
+    let mut changed = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if changed.len() == files {
+                return changed;
+            }
+            let path = e.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.file_name().is_some_and(|n| n == "data.mdb") {
+                let bytes = std::fs::read(&path).unwrap();
+                let at: Vec<usize> = bytes.windows(needle.len()).enumerate().filter(|(_, w)| *w == needle).map(|(i, _)| i).collect();
+                let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                for i in &at {
+                    let j = i + needle.len() / 2;
+                    f.write_all_at(&[bytes[j] ^ 0x08], j as u64).unwrap();
+                }
+                if !at.is_empty() {
+                    changed.push(path);
+                }
+            }
+        }
+    }
+    changed
+}
+
+/// A bit flipped on disk in the only copy of a shard, and in one copy of
+/// a replicated shard: the scrub finds both, the controller seeds the
+/// replicated one anew by itself, the runbook restores the other from its
+/// snapshot, and the ingest job's replay brings back what came after.
+#[test]
+fn etcd_runbook_a_copy_is_damaged() {
+    let env = [("SHOAL_SHARD_SCRUB__BYTES_PER_SECOND", "33554432"), ("SHOAL_COORD_RECLAIM_AFTER_MS", "4000")];
+    let Some(dev) = DevCluster::on_test_etcd_with_env("etcd_runbook_a_copy_is_damaged", 2, 1, &env) else { return };
+    let endpoint = dev.endpoint();
+    shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "2"]);
+    shoalctl(&endpoint, &["collections", "create", "copies", "--dimension", "8", "--shards", "2", "--replication-factor", "2"]);
+    ingest_job(&endpoint, 1..=3);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let needle = |c: &str| format!("needle-of-{c}");
+    rt.block_on(async {
+        let mut client = shoal_proto::v1::shoal_client::ShoalClient::connect(endpoint.clone()).await.unwrap();
+        for c in ["docs", "copies"] {
+            let payload = Some(v1::Payload { kind: Some(v1::payload::Kind::Json(format!(r#"{{"note": "{}"}}"#, needle(c)))) });
+            let point = v1::Point { id: 100_000, vector: vec![0.5; 8], payload };
+            client.upsert(v1::UpsertRequest { collection: c.into(), points: vec![point] }).await.unwrap();
+        }
+    });
+    shoalctl(&endpoint, &["snapshot", "create", "docs"]);
+    ingest_job(&endpoint, 4..=5);
+    // One copy of each: the docs shard's only one, one of the two of copies'.
+    let docs = flip_on_disk(dev.data_dir(), needle("docs").as_bytes(), 1);
+    let copies = flip_on_disk(dev.data_dir(), needle("copies").as_bytes(), 1);
+    assert_eq!((docs.len(), copies.len()), (1, 1), "the needles are where they were put: {docs:?} {copies:?}");
+    let shard_of = |p: &Path| p.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    wait_until("the scrub finding the damaged copy of docs", || {
+        shoalctl(&endpoint, &["status"]).contains(&format!("DAMAGED docs/{}", shard_of(&docs[0])))
+    });
+
+    let cwd = tempfile::tempdir().unwrap();
+    run_runbook_in("a-copy-is-damaged.md", &[("SHOAL_ENDPOINT", endpoint.clone())], cwd.path());
+    // It restored the docs shard only: the copies one was seeded anew.
+    assert_eq!(std::fs::read_to_string(cwd.path().join("restore.txt")).unwrap().trim(), format!("docs/{}", shard_of(&docs[0])));
+    assert!(!shoalctl(&endpoint, &["status"]).contains("DAMAGED"));
+    assert!(replicas_of_collection(&endpoint, "copies").iter().flatten().all(|(_, state)| state == "active"));
+    // The replay brings back what the restored shard took after its
+    // snapshot; every point reads back, the needles unchanged.
+    ingest_job(&endpoint, 1..=5);
+    assert_eq!(points_of(&endpoint, "docs"), 501);
+    shoalctl(&endpoint, &["shard", "verify", "copies"]);
+    rt.block_on(async {
+        let mut client = shoal_proto::v1::shoal_client::ShoalClient::connect(endpoint.clone()).await.unwrap();
+        for c in ["docs", "copies"] {
+            let got =
+                client.get(v1::GetRequest { collection: c.into(), ids: vec![100_000], with_vector: false }).await.unwrap().into_inner();
+            let payload = got.points.first().and_then(|p| p.payload.clone()).and_then(|p| p.kind);
+            assert_eq!(payload, Some(v1::payload::Kind::Json(format!(r#"{{"note": "{}"}}"#, needle(c)))), "{c}");
+        }
+    });
     dev.interrupt();
 }
 

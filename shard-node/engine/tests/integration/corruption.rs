@@ -126,7 +126,8 @@ fn kind(e: &Error) -> String {
 
 /// What the child is doing, for the line its signal handler writes.
 static PHASE: AtomicUsize = AtomicUsize::new(0);
-const PHASES: [&str; 9] = ["open", "stats and offsets", "get", "search", "digest", "read_log", "apply", "search after apply", "done"];
+const PHASES: [&str; 10] =
+    ["open", "stats and offsets", "get", "search", "digest", "scrub", "read_log", "apply", "search after apply", "done"];
 
 fn phase(name: &str) {
     PHASE.store(PHASES.iter().position(|p| *p == name).unwrap_or(0), Ordering::Relaxed);
@@ -196,6 +197,19 @@ fn read_everything(dir: &Path) {
     }
     phase("digest");
     note(index.snapshot().and_then(|s| s.digest()).map(drop));
+    // What the node's background scrub does: every value against its
+    // checksum, in steps.
+    phase("scrub");
+    note((|| {
+        let mut cursor = shoal_engine::ScrubCursor::default();
+        loop {
+            let step = index.scrub(&cursor, 64 << 10)?;
+            if step.pass_done {
+                return Ok(());
+            }
+            cursor = step.next;
+        }
+    })());
     phase("read_log");
     note(index.read_log(1, u64::MAX).map(drop));
     // A node keeps taking writes after a damage nobody noticed.
