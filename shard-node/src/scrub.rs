@@ -82,9 +82,16 @@ async fn run(host: Weak<ShardHost>, cfg: ScrubConfig) {
                 h.set_damaged(&key, copy, why).await;
                 turn = turn.wrapping_add(1);
             }
-            // A shard closing or compacting under the step: next time.
-            Ok(Err(e)) => tracing::debug!(collection = %key.0, shard = key.1, error = %e, "scrub step failed"),
-            Err(e) => tracing::warn!(collection = %key.0, shard = key.1, error = %e, "scrub step panicked"),
+            // A shard closing under the step, or a read error that is not
+            // damage: tried again after a step's pause, never in a spin.
+            Ok(Err(e)) => {
+                tracing::debug!(collection = %key.0, shard = key.1, error = %e, "scrub step failed");
+                read = step_bytes;
+            }
+            Err(e) => {
+                tracing::warn!(collection = %key.0, shard = key.1, error = %e, "scrub step panicked");
+                read = step_bytes;
+            }
         }
         drop(h);
         let pause = Duration::from_secs_f64(read.max(1) as f64 / cfg.bytes_per_second as f64);
