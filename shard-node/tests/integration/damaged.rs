@@ -36,7 +36,7 @@ async fn a_damaged_shard_is_named_and_the_others_serve_until_it_is_restored() {
     assert_eq!(stats.points, (0..400u64).filter(own(0)).count() as u64, "the healthy shard serves");
     let e = c.get_shard_stats(v1::ShardStatsRequest { shard: shard(1) }).await.unwrap_err();
     assert_eq!(e.code(), Code::DataLoss, "{e:?}");
-    assert!(e.message().contains("docs/1") && e.message().contains("shard recover"), "{}", e.message());
+    assert!(e.message().contains("docs/1") && e.message().contains("snapshot restore docs ID --shard 1 --replace"), "{}", e.message());
     let search = || v1::SearchShardRequest {
         shard: shard(1),
         queries: vec![v1::Vector { values: vec![0.1; 16] }],
