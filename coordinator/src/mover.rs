@@ -213,7 +213,19 @@ impl Cluster {
         if m.phase == MovePhase::Switched {
             return Ok(Some(m));
         }
-        let (m, attempt) = self.claim(name, shard, &m).await?;
+        let (m, attempt) = match self.claim(name, shard, &m).await {
+            Ok(claimed) => claimed,
+            // A move's source whose copy is damaged, or out of the in-sync
+            // set, can never be switched from: retrying would hold the
+            // shard's repair back for good. The move is given up (with any
+            // copy an earlier attempt left on the target) and the repair
+            // makes the source's copy again; a rebalance may plan it anew.
+            Err(e) if m.kind == MoveKind::Move && self.source_lost(name, shard, &m.from, &e) => {
+                self.roll_back(name, shard, &m, m.attempt, &e).await;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         let started = std::time::Instant::now();
         tracing::info!(collection = %name, shard, from = %m.from, to = %m.to, attempt, "shard move: copying");
         match self.copy_and_switch(name, shard, &m, attempt).await {
@@ -442,6 +454,16 @@ impl Cluster {
             }
         }
         self.drop_copy(&m.to, name, shard, copy, "the rolled-back move's copy").await;
+    }
+
+    /// Whether `from`'s copy of the shard is damaged (its node answers
+    /// DATA_LOSS for it) or no longer an in-sync replica.
+    fn source_lost(&self, name: &CollectionName, shard: u32, from: &NodeId, e: &Error) -> bool {
+        if e.code() == ErrorCode::DataLoss {
+            return true;
+        }
+        let Ok(c) = self.collection(name.as_str()) else { return false };
+        c.shards.get(shard as usize).and_then(|p| p.replica(from)).is_some_and(|r| r.state != ReplicaState::Active)
     }
 
     fn still_ours(&self, name: &CollectionName, shard: u32, attempt: u64) -> Result<()> {

@@ -163,6 +163,12 @@ impl Proc {
         format!("http://{}", self.addr)
     }
 
+    /// The `--data-dir` it was started with, if any.
+    pub fn data_dir(&self) -> Option<PathBuf> {
+        let args = &self.spec.args;
+        args.iter().position(|a| a == "--data-dir").and_then(|i| args.get(i + 1)).map(PathBuf::from)
+    }
+
     fn signal(&self, sig: libc::c_int) -> anyhow::Result<()> {
         // SAFETY: kill has no memory effects; the pid is our own child's.
         if unsafe { libc::kill(self.pid(), sig) } != 0 {

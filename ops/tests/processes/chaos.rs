@@ -1,11 +1,13 @@
 //! A short, bounded chaos run (`shoal_ops::chaos`): etcd, 2 coordinators,
 //! 4 shard nodes, 6 shards with 2 copies, 3 ingest streams and 4 search
-//! clients, and about ten faults in rotation (a node SIGKILLed and back
-//! soon, SIGSTOPped, the controller SIGKILLed, etcd restarted, a node
-//! gone long enough to be repaired, then rebalanced back: shard moves
-//! under faults). Nothing acknowledged may be lost,
-//! no point may be stale or a phantom, the replicas must agree, no search
-//! may fail or be partial, and recall must hold. The timings are printed,
+//! clients, and about a dozen faults in rotation (a node SIGKILLed and
+//! back soon, SIGSTOPped, the controller SIGKILLed, a node SIGKILLed and
+//! started once at once, a bit flipped in a stored vector, etcd
+//! restarted, a node gone long enough to be repaired, then rebalanced
+//! back: shard moves under faults). Nothing acknowledged may be lost, no
+//! point may be stale or a phantom, the replicas must agree, no search may
+//! fail or be partial, no start at once may be refused, every flipped bit
+//! must be found and its copy made again, and recall must hold. The timings are printed,
 //! not asserted: `shoal-loadtest chaos` measures them on a long run.
 
 use std::time::Duration;
@@ -39,5 +41,14 @@ pub(crate) fn etcd_chaos_a_short_run_loses_nothing() -> anyhow::Result<()> {
     let losses = report.losses();
     anyhow::ensure!(losses.is_empty(), "the chaos run lost or broke something:\n{}", losses.join("\n"));
     anyhow::ensure!(report.faults.values().sum::<u64>() >= 8, "too few faults ran: {:?}", report.faults);
+    // Each kind ran: the rotation reaches every one within the run.
+    for kind in ["node SIGKILL and one start again at once", "a bit flipped in a stored vector"] {
+        anyhow::ensure!(report.faults.contains_key(kind), "no {kind:?} ran: {:?}", report.faults);
+    }
+    anyhow::ensure!(
+        report.flip_repaired_s.len() as u64 == report.faults["a bit flipped in a stored vector"],
+        "every flipped copy is made again: {:?}",
+        report.flip_repaired_s
+    );
     Ok(())
 }

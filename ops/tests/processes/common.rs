@@ -106,10 +106,23 @@ pub(crate) async fn create_replicated(
     shards: u32,
     factor: u32,
 ) -> Result<v1::CollectionInfo, tonic::Status> {
+    create_with_metric(client, name, dim, shards, factor, v1::Metric::Cosine).await
+}
+
+/// [`create_replicated`] with another metric (Euclidean stores vectors as
+/// sent, so a test can find their bytes in a file).
+pub(crate) async fn create_with_metric(
+    client: &mut ShoalClient<Channel>,
+    name: &str,
+    dim: u32,
+    shards: u32,
+    factor: u32,
+    metric: v1::Metric,
+) -> Result<v1::CollectionInfo, tonic::Status> {
     let req = v1::CreateCollectionRequest {
         name: name.into(),
         dimension: dim,
-        metric: v1::Metric::Cosine as i32,
+        metric: metric as i32,
         shard_count: shards,
         replication_factor: factor,
         ..Default::default()

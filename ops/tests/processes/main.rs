@@ -95,6 +95,10 @@ fn main() -> ExitCode {
             "etcd_a_bit_flipped_on_a_replica_is_found_by_the_scrub_and_the_copy_made_again",
             scrub::etcd_a_bit_flipped_on_a_replica_is_found_by_the_scrub_and_the_copy_made_again,
         ),
+        trial(
+            "etcd_a_move_from_a_damaged_copy_is_given_up_and_the_copy_made_again",
+            scrub::etcd_a_move_from_a_damaged_copy_is_given_up_and_the_copy_made_again,
+        ),
         trial("etcd_a_move_survives_the_death_of_its_controller", moves::etcd_a_move_survives_the_death_of_its_controller),
         trial("etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot", moves::etcd_a_dead_nodes_shard_is_recovered_from_its_snapshot),
         trial("etcd_a_move_whose_target_dies_is_rolled_back", moves::etcd_a_move_whose_target_dies_is_rolled_back),

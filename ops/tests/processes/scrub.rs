@@ -6,50 +6,16 @@
 //! same node. Searches stay whole throughout and the copies agree after
 //! (`VerifyShard`). The times are printed.
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use shoal_proto::v1;
 use shoal_proto::v1::shard_node_client::ShardNodeClient;
 
+use shoal_ops::chaos::flip::{data_files, flip_where};
+
 use crate::check;
-use crate::common::{Fixture, rng, upsert_all};
+use crate::common::{Fixture, create_with_metric, rng, upsert_all};
 use crate::replicas::{DIM, TTL, check_agree, describe, settled, whole_search};
-
-/// Every `data.mdb` under a node's data directory.
-fn data_files(node_dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let Ok(collections) = std::fs::read_dir(node_dir.join("shards")) else { return out };
-    for c in collections.flatten() {
-        for s in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
-            let f = s.path().join("data.mdb");
-            if f.exists() {
-                out.push(f);
-            }
-        }
-    }
-    out
-}
-
-/// Flips one bit in the middle of every place `needle` occurs in the
-/// files; returns the file it was found in and how often.
-fn flip_where(files: &[PathBuf], needle: &[u8]) -> anyhow::Result<Option<(PathBuf, usize)>> {
-    use std::os::unix::fs::FileExt;
-    for file in files {
-        let bytes = std::fs::read(file)?;
-        let at: Vec<usize> = bytes.windows(needle.len()).enumerate().filter(|(_, w)| *w == needle).map(|(i, _)| i).collect();
-        if at.is_empty() {
-            continue;
-        }
-        let f = std::fs::OpenOptions::new().write(true).open(file)?;
-        for i in &at {
-            let j = i + needle.len() / 2;
-            f.write_all_at(&[bytes[j] ^ 0x04], j as u64)?;
-        }
-        return Ok(Some((file.clone(), at.len())));
-    }
-    Ok(None)
-}
 
 fn vector_of(id: u64) -> Vec<f32> {
     (0..DIM).map(|d| ((id * 31 + u64::from(d) * 17) % 97) as f32 / 97.0 - 0.5 + id as f32 * 1e-4).collect()
@@ -76,15 +42,7 @@ pub(crate) fn etcd_a_bit_flipped_on_a_replica_is_found_by_the_scrub_and_the_copy
     let ids = 0..600u64;
     let before = rt.block_on(async {
         // Euclidean: vectors are stored as sent, so their bytes can be found.
-        let req = v1::CreateCollectionRequest {
-            name: "docs".into(),
-            dimension: DIM,
-            metric: v1::Metric::Euclidean as i32,
-            shard_count: 3,
-            replication_factor: 2,
-            ..Default::default()
-        };
-        client.create_collection(req).await?;
+        create_with_metric(&mut client, "docs", DIM, 3, 2, v1::Metric::Euclidean).await?;
         let points = ids
             .clone()
             .map(|id| v1::Point {
@@ -108,7 +66,7 @@ pub(crate) fn etcd_a_bit_flipped_on_a_replica_is_found_by_the_scrub_and_the_copy
                 _ => format!("needle-{id:06}").into_bytes(),
             }
         };
-        let files = data_files(&node_dir);
+        let files = data_files(&node_dir, Some("docs"));
         let mut hit = None;
         for id in ids.clone().skip(id as usize).step_by(2) {
             if let Some(found) = flip_where(&files, &needle(id))? {
@@ -176,5 +134,103 @@ pub(crate) fn etcd_a_bit_flipped_on_a_replica_is_found_by_the_scrub_and_the_copy
     // succeeds on its first attempt.
     let failed: Vec<&str> = log.lines().filter(|l| l.contains("shard move failed")).collect();
     check!(fx, failed.is_empty(), "a seed failed: {failed:#?}");
+    Ok(())
+}
+
+/// A move recorded from a copy the scrub has just found damaged (before
+/// the controller took that copy out of the in-sync set) can never be
+/// switched from: it is given up, with nothing left on its target, and
+/// the repair makes the copy again in place. Retried instead, it held the
+/// shard's repair back for good (a chaos run found it).
+pub(crate) fn etcd_a_move_from_a_damaged_copy_is_given_up_and_the_copy_made_again() -> anyhow::Result<()> {
+    let test = "etcd_a_move_from_a_damaged_copy_is_given_up_and_the_copy_made_again";
+    let Some(fx) = Fixture::on_etcd_with(test, 3, 1, TTL, |spec| {
+        // The controller looks at the nodes' copies only every 10 s: the
+        // move below is asked for in between.
+        spec.coordinator_env.push(("SHOAL_COORD_RECLAIM_AFTER_MS".into(), "60000".into()));
+        spec.node_env.push(("SHOAL_SHARD_SCRUB__BYTES_PER_SECOND".into(), (32u64 << 20).to_string()));
+        spec.node_env.push(("SHOAL_SHARD_SCRUB__STEP_BYTES".into(), (64u64 << 10).to_string()));
+    })?
+    else {
+        return Ok(());
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut client = rt.block_on(fx.client())?;
+    let ids = 0..300u64;
+    rt.block_on(async {
+        create_with_metric(&mut client, "docs", DIM, 3, 2, v1::Metric::Euclidean).await?;
+        let points = ids.clone().map(|id| v1::Point { id, vector: vector_of(id), payload: None }).collect();
+        upsert_all(&mut client, "docs", points, 100).await
+    })?;
+    let info = rt.block_on(describe(&mut client))?;
+    check!(fx, settled(&info).is_some(), "two active copies of every shard after create: {info:?}");
+    let files = data_files(&fx.dir.path().join("shard-1"), Some("docs"));
+    let mut hit = None;
+    for id in ids.clone() {
+        let needle: Vec<u8> = vector_of(id).iter().flat_map(|x| x.to_le_bytes()).collect();
+        if let Some(found) = flip_where(&files, &needle)? {
+            hit = Some(found);
+            break;
+        }
+    }
+    let Some((file, _)) = hit else { anyhow::bail!("no vector found in shard-1's files {files:?}") };
+    let shard: u32 = file.parent().and_then(|d| d.file_name()).and_then(|n| n.to_str()).and_then(|n| n.parse().ok()).unwrap_or(u32::MAX);
+    let holders: Vec<String> = info.shards[shard as usize].replicas.iter().map(|r| r.node.clone()).collect();
+    let Some(to) = (0..3).map(|n| format!("shard-{n}")).find(|n| !holders.contains(n)) else {
+        anyhow::bail!("every node holds shard {shard}: {holders:?}")
+    };
+    let mut node = rt.block_on(ShardNodeClient::connect(fx.cluster.nodes[1].endpoint()))?;
+    let copy_of =
+        |listed: &v1::ListShardsResponse| listed.shards.iter().find(|s| s.shard.as_ref().is_some_and(|i| i.shard == shard)).map(|s| s.copy);
+    let outcome = rt.block_on(async {
+        let damaged_copy = copy_of(&node.list_shards(v1::ListShardsRequest {}).await?.into_inner());
+        let flipped = Instant::now();
+        loop {
+            if !node.list_shards(v1::ListShardsRequest {}).await?.into_inner().damaged.is_empty() {
+                break;
+            }
+            anyhow::ensure!(flipped.elapsed() < Duration::from_secs(30), "the scrub did not find the flip in {}", file.display());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let req = v1::MoveShardRequest { collection: "docs".into(), shard, from_node: "shard-1".into(), to_node: to.clone(), wait: false };
+        let asked = client.move_shard(req).await;
+        let accepted = match &asked {
+            Ok(_) => true,
+            // The controller's look at the copies came first: the copy
+            // is out of the in-sync set already, so it is not moved.
+            Err(e) if e.code() == tonic::Code::FailedPrecondition && e.message().contains("not in sync") => false,
+            Err(e) => anyhow::bail!("moving the damaged copy: {e:?}"),
+        };
+        let since = Instant::now();
+        while since.elapsed() < Duration::from_secs(90) {
+            let listed = node.list_shards(v1::ListShardsRequest {}).await?.into_inner();
+            let new_copy = copy_of(&listed).is_some_and(|c| Some(c) != damaged_copy);
+            let info = describe(&mut client).await?;
+            let still = info.shards[shard as usize].moving.is_none();
+            if new_copy && listed.damaged.is_empty() && still && settled(&info).is_some() {
+                return anyhow::Ok((accepted, since.elapsed(), info));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!("within 90 s of the move asked for, shard {shard} was not made again in place: {:?}", describe(&mut client).await?)
+    });
+    let (accepted, took, info) = match outcome {
+        Ok(o) => o,
+        Err(e) => anyhow::bail!("{e:#}\n{}", fx.cluster.logs()),
+    };
+    eprintln!("{test}: the move was {}; the copy made again {took:?} later", if accepted { "accepted" } else { "refused" });
+    let now: Vec<String> = info.shards[shard as usize].replicas.iter().map(|r| r.node.clone()).collect();
+    check!(fx, now.iter().all(|n| holders.contains(n)), "the copy is made again where it was: {now:?}, before {holders:?}");
+    if accepted {
+        let log = std::fs::read_to_string(&fx.cluster.coordinator.log)?;
+        check!(
+            fx,
+            log.lines().any(|l| l.contains("shard move: rolling back") && l.contains(&format!("shard={shard} "))),
+            "the coordinator's log says the move was given up"
+        );
+        let target = data_files(&fx.dir.path().join(&to), Some("docs"));
+        check!(fx, !target.iter().any(|f| f.ends_with(format!("{shard}/data.mdb"))), "nothing left on {to}: {target:?}");
+    }
+    check_agree(&fx, &rt, &mut client, 300)?;
     Ok(())
 }
