@@ -45,6 +45,9 @@ pub struct ClusterOptions {
     /// it so for this long (`reclaim.rs`); `None`: never (without etcd,
     /// where the nodes' shards are the record of the collections).
     pub reclaim_after: Option<Duration>,
+    /// The reclaim pass restores a shard whose only in-sync copy is
+    /// damaged from its newest snapshot (`restore_damaged.rs`).
+    pub restore_damaged: bool,
     /// When a read asks a second replica of a shard.
     pub hedge: Hedge,
 }
@@ -83,6 +86,7 @@ impl Default for ClusterOptions {
             peers: PeerSettings::default(),
             repair_after: Duration::from_secs(300),
             reclaim_after: None,
+            restore_damaged: true,
             hedge: Hedge::RecentP95,
         }
     }

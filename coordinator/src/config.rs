@@ -53,6 +53,12 @@ pub struct CoordinatorConfig {
     /// missed a node) once it has seen that copy orphaned this long
     /// (0: never). Without etcd nothing is reclaimed.
     pub reclaim_after_ms: u64,
+    /// With etcd, when the only in-sync copy of a shard is damaged, the
+    /// controller restores it from the shard's newest snapshot and logs
+    /// each ingest source's offset in it (the points written after it are
+    /// older or missing until the sources replay from there). Off: the
+    /// shard answers DATA_LOSS until an operator restores it.
+    pub restore_damaged: bool,
     /// A read of a replicated shard asks another replica as well when the
     /// first has not answered within its recent p95 (or `hedge_after_ms`).
     pub hedge_reads: bool,
@@ -89,6 +95,7 @@ impl Default for CoordinatorConfig {
             limits: Limits::default(),
             repair_after_ms: 300_000,
             reclaim_after_ms: 600_000,
+            restore_damaged: true,
             hedge_reads: true,
             hedge_after_ms: 0,
             auth: AuthConfig::default(),

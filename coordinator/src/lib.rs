@@ -24,7 +24,9 @@
 //! - The controller, run by the one elected coordinator: `controller`
 //!   (the election loop), `mover` (carries out recorded moves), `repair`
 //!   (the replication factor, decisions pure over the view), `reclaim`
-//!   (disk of copies no placement names, dropped by copy id).
+//!   (disk of copies no placement names, dropped by copy id, and damaged
+//!   copies taken out of the in-sync set), `restore_damaged` (a shard
+//!   whose only in-sync copy is damaged, from its newest snapshot).
 //! - Shard nodes: `client` (gRPC or in process, with deadlines), `pool`
 //!   (one client per current member, following the view), `liveness`
 //!   (the prober that marks nodes down), `outstanding` (requests in
@@ -52,6 +54,7 @@ mod reclaim;
 mod recover;
 mod repair;
 mod replica_writes;
+mod restore_damaged;
 pub mod routing;
 pub mod search;
 pub mod server;

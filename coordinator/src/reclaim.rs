@@ -175,15 +175,22 @@ impl Cluster {
 impl Cluster {
     /// Takes the damaged copy `d` on `node` out of the in-sync set if the
     /// placement in `view` still counts it there. The last in-sync copy
-    /// stays (the shard's data is then only in snapshots: `snapshot restore`).
+    /// stays: it is restored from the shard's newest snapshot
+    /// (`restore_damaged`), or by hand (`snapshot restore`) when that is off.
     async fn leave_damaged(&self, view: &View, node: &NodeId, d: &v1::DamagedShard) {
         let Some((name, shard)) = d.shard.as_ref().and_then(|id| Some((CollectionName::parse(&id.collection).ok()?, id.shard))) else {
             return;
         };
-        let in_sync = view
-            .collection(&name)
-            .and_then(|c| c.value.shards.get(shard as usize).and_then(|p| p.replica(node)).map(|r| r.state == ReplicaState::Active));
+        let placement = view.collection(&name).and_then(|c| c.value.shards.get(shard as usize));
+        let in_sync = placement.and_then(|p| p.replica(node)).map(|r| r.state == ReplicaState::Active);
         if in_sync != Some(true) {
+            return;
+        }
+        // The only copy in sync: nothing to seed it from, and taking it out
+        // of the set is refused (a shard keeps one).
+        if self.options().restore_damaged && placement.is_some_and(|p| p.in_sync().count() == 1) {
+            tracing::warn!(collection = %name, shard, %node, reason = %d.reason, "the only in-sync copy of a shard is damaged");
+            self.restore_damaged(&name, shard, node).await;
             return;
         }
         let why = Error::Remote(ShoalError::new(ErrorCode::DataLoss, format!("the copy on {node} is damaged: {}", d.reason)));

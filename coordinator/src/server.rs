@@ -56,6 +56,7 @@ pub fn cluster_from_config(cfg: &CoordinatorConfig, meta: Arc<dyn MetadataStore>
         peers: cfg.peers.clone(),
         repair_after: Duration::from_millis(cfg.repair_after_ms),
         reclaim_after: (cfg.cluster.uses_etcd() && cfg.reclaim_after_ms > 0).then(|| Duration::from_millis(cfg.reclaim_after_ms)),
+        restore_damaged: cfg.restore_damaged,
         hedge: match (cfg.hedge_reads, cfg.hedge_after_ms) {
             (false, _) => Hedge::Off,
             (true, 0) => Hedge::RecentP95,

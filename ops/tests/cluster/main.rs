@@ -3,6 +3,7 @@
 
 mod bad_requests;
 mod common;
+mod damaged;
 mod dev;
 mod dev_etcd;
 mod discovery;

@@ -134,7 +134,7 @@ fn etcd_runbook_drain_a_node() {
 
 /// Streams batches `offsets` of source "job" into `docs` through
 /// `endpoint` (100 points each, ids from the offset); returns the acks.
-fn ingest_job(endpoint: &str, offsets: std::ops::RangeInclusive<u64>) -> Vec<v1::IngestAck> {
+pub(crate) fn ingest_job(endpoint: &str, offsets: std::ops::RangeInclusive<u64>) -> Vec<v1::IngestAck> {
     ingest_job_dim(endpoint, 8, offsets)
 }
 
@@ -148,7 +148,7 @@ fn ingest_job_dim(endpoint: &str, dim: usize, offsets: std::ops::RangeInclusive<
     })
 }
 
-fn points_of(endpoint: &str, name: &str) -> u64 {
+pub(crate) fn points_of(endpoint: &str, name: &str) -> u64 {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut client = shoal_proto::v1::shoal_client::ShoalClient::connect(endpoint.to_owned()).await.unwrap();
@@ -381,7 +381,7 @@ fn assert_whole(endpoint: &str, factor: usize, gone: Option<&str>) -> Vec<Vec<(S
 }
 
 /// Waits up to 30 s for `done`; panics saying what never happened.
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+pub(crate) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !done() {
         assert!(std::time::Instant::now() < deadline, "{what} never happened");
@@ -447,7 +447,7 @@ fn etcd_runbook_a_replicated_node_died() {
 
 /// Flips one bit wherever `needle` occurs in a `data.mdb` under `dir`, as
 /// a disk would, in at most `files` files; returns the files it changed.
-fn flip_on_disk(dir: &Path, needle: &[u8], files: usize) -> Vec<std::path::PathBuf> {
+pub(crate) fn flip_on_disk(dir: &Path, needle: &[u8], files: usize) -> Vec<std::path::PathBuf> {
     use std::os::unix::fs::FileExt;
     let mut changed = Vec::new();
     let mut stack = vec![dir.to_owned()];
@@ -482,7 +482,14 @@ fn flip_on_disk(dir: &Path, needle: &[u8], files: usize) -> Vec<std::path::PathB
 /// snapshot, and the ingest job's replay brings back what came after.
 #[test]
 fn etcd_runbook_a_copy_is_damaged() {
-    let env = [("SHOAL_SHARD_SCRUB__BYTES_PER_SECOND", "33554432"), ("SHOAL_COORD_RECLAIM_AFTER_MS", "4000")];
+    // The runbook's case: the controller does not restore on its own
+    // (`damaged::etcd_the_only_damaged_copy_is_restored_from_its_snapshot`
+    // covers that).
+    let env = [
+        ("SHOAL_SHARD_SCRUB__BYTES_PER_SECOND", "33554432"),
+        ("SHOAL_COORD_RECLAIM_AFTER_MS", "4000"),
+        ("SHOAL_COORD_RESTORE_DAMAGED", "false"),
+    ];
     let Some(dev) = DevCluster::on_test_etcd_with_env("etcd_runbook_a_copy_is_damaged", 2, 1, &env) else { return };
     let endpoint = dev.endpoint();
     shoalctl(&endpoint, &["collections", "create", "docs", "--dimension", "8", "--shards", "2"]);
