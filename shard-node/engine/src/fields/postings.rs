@@ -99,10 +99,29 @@ pub(crate) fn range_union(store: &Store, txn: &RoTxn, field: u16, lo: u64, hi: u
         }
         sets.push(decode(store, k, v)?);
     }
+    // A few small sets (a narrow range) are folded, merging their sorted
+    // arrays: the merge of them all goes through a dense 8 KiB container
+    // per key, allocated and cleared, which for ten sets of a hundred ids
+    // in all cost twice the search's exact comparison of those ids
+    // (callgrind, the PyPI set's 0.1% range). For more sets the merge is
+    // cheaper (its 1% range, 100 sets: a sorted list cost 1.5x the merge).
+    let total: u64 = sets.iter().map(RoaringBitmap::len).sum();
+    if total <= SMALL_UNION && sets.len() <= FOLDED {
+        let mut union = RoaringBitmap::new();
+        for s in &sets {
+            union |= s;
+        }
+        return Ok(Some(union));
+    }
     // One merge of them all: folding them in one at a time copies the
     // growing union again for every value (quadratic in a wide range).
     Ok(Some(sets.union()))
 }
+
+/// Up to [`FOLDED`] sets of this many ids in all are folded into their
+/// union rather than merged at once.
+const SMALL_UNION: u64 = 4096;
+const FOLDED: usize = 16;
 
 /// At most how many values of `field` lie in `lo..=hi` when its keys are
 /// whole numbers (integers, times), where consecutive numbers have

@@ -378,17 +378,25 @@ fn exact(
     let bytes = std::mem::size_of_val(query);
     let mut heap: BinaryHeap<Scored> = BinaryHeap::with_capacity(k + 1);
     let mut pacer = stop.pacer();
-    for &id in ids.iter().take(AHEAD) {
-        prefetch(view.vector(id)?.as_ptr().cast(), bytes);
+    // Each vector found once, when its prefetch starts, and kept until
+    // its turn: finding it costs as much as half its distance.
+    let mut ring: [&[f32]; AHEAD] = [&[]; AHEAD];
+    for (slot, &id) in ring.iter_mut().zip(ids) {
+        let v = view.vector(id)?;
+        prefetch(v.as_ptr().cast(), bytes);
+        *slot = v;
     }
     for (i, &id) in ids.iter().enumerate() {
         if i % 16 == 0 {
             pacer.step()?;
         }
+        let v = ring[i % AHEAD];
         if let Some(&next) = ids.get(i + AHEAD) {
-            prefetch(view.vector(next)?.as_ptr().cast(), bytes);
+            let n = view.vector(next)?;
+            prefetch(n.as_ptr().cast(), bytes);
+            ring[i % AHEAD] = n;
         }
-        let d = metric.distance(query, view.vector(id)?);
+        let d = metric.distance(query, v);
         if heap.len() < k {
             heap.push(Scored { dist: d, id });
         } else if heap.peek().is_some_and(|w| d < w.dist) {
