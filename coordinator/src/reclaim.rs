@@ -246,9 +246,16 @@ pub(crate) async fn run(cluster: std::sync::Arc<Cluster>) {
     };
     let every = (after / 4).clamp(Duration::from_secs(1), Duration::from_secs(10));
     let mut orphans = Orphans::default();
+    // The first pass soon after the lead is won: a damaged copy found
+    // while the controller changed must not wait a whole interval again
+    // (a chaos run, killing the controller every few seconds, left one
+    // unrepaired for minutes). Early is safe: a pass only notes orphans,
+    // and drops one only once it has seen it so for `after`.
+    let mut wait = every.min(Duration::from_secs(1));
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(wait).await;
         cluster.reclaim_pass(&mut orphans, after).await;
+        wait = every;
     }
 }
 
