@@ -504,6 +504,12 @@ fn switched(name: &CollectionName, shard: u32, p: &ShardPlacement, m: &ShardMove
         }
         None => return Err(aborted(name, shard, &format!("the source's copy on {} left the placement during the copy", m.from))),
     }
+    // A failover since the fence raised the placement to the fence's
+    // epoch or past it: the source's successor may have taken writes
+    // the catch-up did not see.
+    if p.epoch >= epoch {
+        return Err(aborted(name, shard, &format!("the placement's epoch rose to {} during the copy (a failover)", p.epoch)));
+    }
     let mut replicas = p.replicas.clone();
     let moving = match m.kind {
         // The moved copy takes the source's place in the list (a moved

@@ -42,11 +42,28 @@ fn planned_info(m: &PlannedMove, phase: &str) -> v1::ShardMove {
     )
 }
 
+/// The epoch of `next` after `current`: one above `current`'s when the
+/// primary changes. The new primary numbers its entries on from its own
+/// log, and the old one may have numbered the same entries differently
+/// (it committed a write and failed before shipping it): a write under
+/// the old epoch that reaches the new primary then would pass for an
+/// entry it holds, and be acknowledged while only the failed copy has it.
+/// The new primary's first write raises its own epoch, so every write
+/// ordered by the old one is refused there as stale and its coordinator
+/// sends it to the new primary (docs/replication.md, "Why one primary per
+/// shard").
+pub(crate) fn successor_epoch(current: &ShardPlacement, next: &ShardPlacement) -> u64 {
+    if next.node() != current.node() { next.epoch.max(current.epoch + 1) } else { next.epoch }
+}
+
 impl Cluster {
     /// Changes one shard's placement with a conditional write, re-reading
     /// and deciding again when someone else changed the collection first.
     /// `decide` sees the current placement and returns the new one, or
     /// `None` when there is nothing to change (then nothing is written).
+    ///
+    /// A change of primary raises the epoch (`successor_epoch`), whoever
+    /// decided it.
     pub(crate) async fn change_shard(
         &self,
         name: &CollectionName,
@@ -61,7 +78,8 @@ impl Cluster {
                 shard,
                 shards: v.value.shard_count(),
             })?;
-            let Some(next) = decide(current, &view)? else { return Ok(None) };
+            let Some(mut next) = decide(current, &view)? else { return Ok(None) };
+            next.epoch = successor_epoch(current, &next);
             let mut c: Collection = v.value.clone();
             c.shards[shard as usize] = next.clone();
             match self.meta.update_collection(c, v.revision).await {

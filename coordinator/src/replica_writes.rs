@@ -93,6 +93,9 @@ impl Cluster {
                 tracing::warn!(%collection, shard, node = %primary, error = %e, "the shard's primary failed while its replicas caught up; the next replica takes over");
                 failed.push(primary.clone());
                 placement = self.leave_in_sync(collection, shard, &failed, &e).await?;
+                // The new primary takes the raised epoch with the part
+                // (`moves::successor_epoch`).
+                req.epoch = placement.epoch;
                 continue;
             }
             if let Some(node) = stale {
@@ -143,6 +146,7 @@ impl Cluster {
                     // the in-sync set and the next active replica orders.
                     tracing::warn!(%collection, shard, node = %primary, error = %e, "the shard's primary failed a write; the next replica takes over");
                     *placement = self.leave_in_sync(collection, shard, &[primary], &e).await?;
+                    req.epoch = placement.epoch;
                 }
             }
         }

@@ -1,4 +1,4 @@
-//! `shoal-loadtest chaos`: the long chaos run of issue 20 against separate
+//! `shoal-loadtest chaos`: the long chaos run against separate
 //! processes from a directory of release binaries (the run itself lives in
 //! `shoal_ops::chaos`, which a short test also drives). Prints the table
 //! of figures and, with `--json`, writes the report.

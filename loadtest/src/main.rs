@@ -86,7 +86,7 @@ enum Command {
     /// Mount a FUSE passthrough that adds latency to every read (a
     /// simulated network disk).
     Slowfs(slowfs::Args),
-    /// Issue 20's chaos run: processes on etcd under ingest and search
+    /// The chaos run: processes on etcd under ingest and search
     /// while nodes, the controller and etcd are killed, stopped and
     /// restarted; then every acknowledged point is read back
     /// (docs/replication.md).

@@ -169,7 +169,12 @@ pub(super) async fn run_faults(
                 "etcd restart"
             }
         };
-        *timeline.lock().faults.entry(kind.to_owned()).or_insert(0) += 1;
+        {
+            let mut tl = timeline.lock();
+            *tl.faults.entry(kind.to_owned()).or_insert(0) += 1;
+            let on = if fault.on_a_node() { format!(" (shard-{node})") } else { String::new() };
+            tl.log.push((began.duration_since(started).as_secs_f64(), format!("{kind}{on}")));
+        }
         let spent = began.elapsed();
         if spent < cfg.fault_every {
             tokio::time::sleep(cfg.fault_every - spent).await;

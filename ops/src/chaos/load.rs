@@ -62,7 +62,7 @@ pub(super) async fn ingest_stream(
                 bail!("stream-{s} batch {offset} was not acknowledged within 120 s");
             }
         }
-        acked.push(Acked { first_sent, acked: started.elapsed(), ids: first_id..first_id + batch as u64, seed: vseed });
+        acked.push(Acked { stream: s, offset, first_sent, acked: started.elapsed(), ids: first_id..first_id + batch as u64, seed: vseed });
     }
     Ok(acked)
 }

@@ -39,6 +39,7 @@ mod observe;
 mod report;
 mod returns;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,8 +56,8 @@ use self::clients::Clients;
 use self::faults::run_faults;
 use self::load::{ingest_stream, search_loop};
 use self::observe::settle;
-pub use self::report::ChaosReport;
 use self::report::{Acked, Timeline, figures};
+pub use self::report::{ChaosReport, LostPart};
 use crate::etcd_server::Etcd;
 use crate::procs::{ClusterSpec, Launcher, ProcessCluster};
 
@@ -285,6 +286,23 @@ async fn check_points(
             .context("reading back a batch")?
             .into_inner();
         r.missing += got.missing.len() as u64;
+        let mut by_shard: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for &id in &got.missing {
+            by_shard.entry(shoal_proto::shard_for(id, cfg.shards)).or_default().push(id);
+        }
+        for (shard, ids) in by_shard {
+            let of = a.ids.clone().filter(|&id| shoal_proto::shard_for(id, cfg.shards) == shard).count() as u64;
+            r.lost.push(LostPart {
+                stream: a.stream,
+                offset: a.offset,
+                first_sent_s: a.first_sent.as_secs_f64(),
+                acked_s: a.acked.as_secs_f64(),
+                shard,
+                missing: ids.len() as u64,
+                of,
+                ids: ids.into_iter().take(4).collect(),
+            });
+        }
         for p in &got.points {
             let i = (p.id - a.ids.start) as usize;
             if want.get(i) != Some(&p.vector) {

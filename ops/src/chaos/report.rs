@@ -9,9 +9,15 @@ use std::time::Duration;
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct ChaosReport {
     pub faults: BTreeMap<String, u64>,
+    /// Each fault: seconds into the run when it began, and what it was.
+    pub fault_log: Vec<(f64, String)>,
     pub acked_batches: u64,
     pub acked_points: u64,
     pub missing: u64,
+    /// Each acknowledged batch that lacks points, per shard: which stream
+    /// and offset, when it was acknowledged, the shard and how many of
+    /// its points there are missing (with the first few ids).
+    pub lost: Vec<LostPart>,
     pub stale: u64,
     pub phantoms: i64,
     pub replicas_disagree: u64,
@@ -178,6 +184,19 @@ impl ChaosReport {
         if self.low_recall_searches > 0 {
             out.push_str(&format!("\n{} searches under faults answered whole with recall below 0.5\n", self.low_recall_searches));
         }
+        if !self.lost.is_empty() {
+            out.push_str("\nacknowledged points missing, by batch and shard:\n");
+            for l in &self.lost {
+                out.push_str(&format!(
+                    "  stream-{} offset {} (sent {:.2} s, acked {:.2} s): shard {}, {} of {} missing, first {:?}\n",
+                    l.stream, l.offset, l.first_sent_s, l.acked_s, l.shard, l.missing, l.of, l.ids
+                ));
+            }
+            out.push_str("the faults:\n");
+            for (at, what) in &self.fault_log {
+                out.push_str(&format!("  {at:>8.2} s  {what}\n"));
+            }
+        }
         if !self.search_failures.is_empty() {
             out.push_str("\nfailed searches by kind:\n");
             for (kind, n) in &self.search_failures {
@@ -190,6 +209,19 @@ impl ChaosReport {
         }
         out
     }
+}
+
+/// The points of one acknowledged batch missing from one shard.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LostPart {
+    pub stream: usize,
+    pub offset: u64,
+    pub first_sent_s: f64,
+    pub acked_s: f64,
+    pub shard: u32,
+    pub missing: u64,
+    pub of: u64,
+    pub ids: Vec<u64>,
 }
 
 /// One search's outcome, timed from the run's start.
@@ -209,6 +241,8 @@ pub(super) struct Searched {
 
 /// One stream's acknowledged batch.
 pub(super) struct Acked {
+    pub(super) stream: usize,
+    pub(super) offset: u64,
     pub(super) first_sent: Duration,
     pub(super) acked: Duration,
     pub(super) ids: std::ops::Range<u64>,
@@ -229,6 +263,7 @@ pub(super) struct Timeline {
     pub(super) flip_found_s: Vec<f64>,
     pub(super) flip_repaired_s: Vec<f64>,
     pub(super) faults: BTreeMap<String, u64>,
+    pub(super) log: Vec<(f64, String)>,
 }
 
 /// A failure's code and message with digits left out (ports, ids,
@@ -239,6 +274,7 @@ pub(super) fn failure_kind(error: &str) -> String {
 
 pub(super) fn figures(r: &mut ChaosReport, tl: &Timeline, acked: &[Vec<Acked>], searched: &[Searched]) {
     r.faults = tl.faults.clone();
+    r.fault_log = tl.log.clone();
     r.rejoin_s = tl.rejoin_s.clone();
     r.repair_s = tl.repair_s.clone();
     r.rebalance_s = tl.rebalance_s.clone();

@@ -453,3 +453,76 @@ async fn reads_fail_over_from_a_damaged_copy_and_report_data_loss_when_every_cop
     assert!(e.message().contains("snapshot restore docs ID --shard"), "{}", e.message());
     tc.cluster.shutdown().await.unwrap();
 }
+
+/// Two writes of one shard race through a failover: the first was
+/// committed by the primary as entry `n` and is on its way to the follower
+/// when the primary dies; the second fails on the primary, which leaves
+/// the in-sync set, and commits on the follower, the new primary, under
+/// the same number `n`. The first write's entry reaching the new primary
+/// then must not pass for one it holds (that write would be acknowledged
+/// while only the dead copy has it: acknowledged points lost in a chaos
+/// run). The failover raises the placement's epoch, so the new primary's
+/// first write raises its own, and the old primary's entry is refused as
+/// stale; the write goes to the new primary again, exactly once by its
+/// offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_the_failed_primary_ordered_is_refused_by_the_next_one() {
+    use shoal_proto::v1::shard_node_client::ShardNodeClient;
+    let mut rng = rng("an_entry_the_failed_primary_ordered_is_refused_by_the_next_one");
+    let mut tc = cluster(2).await;
+    create_replicated(&mut tc.client, "docs", 1, 2, 1).await;
+    let all = points(&mut rng, DIM as usize, 0..300);
+    let acks = ingest(&mut tc.client, vec![batch("docs", "job", 1, all[..100].to_vec())]).await.unwrap();
+    assert_eq!(acks[0].status, v1::BatchStatus::Applied as i32, "{acks:?}");
+    let before = describe(&mut tc.client, "docs").await.shards.remove(0);
+    let old: usize = before.node.trim_start_matches("shard-").parse().unwrap();
+    let addrs = tc.cluster.node_addrs();
+    let shard = Some(v1::ShardId { collection: "docs".into(), shard: 0 });
+
+    // The first write, as a coordinator's first step: committed on the
+    // primary, its entry in hand.
+    let mut primary = ShardNodeClient::connect(format!("http://{}", addrs[old])).await.unwrap();
+    let first = v1::ApplyBatchRequest {
+        shard: shard.clone(),
+        source: Some(v1::SourceOffset { source: "late".into(), offset: 1 }),
+        points: all[100..200].to_vec(),
+        epoch: before.epoch,
+        return_entry: true,
+        ..Default::default()
+    };
+    let answer = primary.apply_batch(first).await.unwrap().into_inner();
+    let entry = answer.entry.expect("the primary returns the entry it committed");
+    assert_eq!(entry.seq, 2);
+
+    // The primary dies; the second write fails over to the follower.
+    tc.cluster.stop_node(old).await.unwrap();
+    let acks = ingest(&mut tc.client, vec![batch("docs", "job", 2, all[200..].to_vec())]).await.unwrap();
+    assert_eq!(acks[0].status, v1::BatchStatus::Applied as i32, "{acks:?}");
+    let after = describe(&mut tc.client, "docs").await.shards.remove(0);
+    assert_ne!(after.node, before.node, "the follower orders the shard now: {after:?}");
+    assert!(after.epoch > before.epoch, "a failover raises the placement's epoch: {} then {}", before.epoch, after.epoch);
+    let new: usize = after.node.trim_start_matches("shard-").parse().unwrap();
+    let mut next = ShardNodeClient::connect(format!("http://{}", addrs[new])).await.unwrap();
+    let stats = next.get_shard_stats(v1::ShardStatsRequest { shard: shard.clone() }).await.unwrap().into_inner();
+    assert_eq!(stats.last_seq, 2, "the second write is entry 2 of the new primary");
+
+    // The first write's entry, as its coordinator would ship it.
+    let shipped =
+        next.apply_log_entries(v1::ApplyLogEntriesRequest { shard: shard.clone(), epoch: before.epoch, entries: vec![entry] }).await;
+    match shipped {
+        Err(e) => assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}"),
+        Ok(a) => panic!("the new primary took the old primary's entry 2 as its own entry 2: {:?}", a.into_inner()),
+    }
+
+    // Sent again, the first write lands on the new primary.
+    let acks = ingest(&mut tc.client, vec![batch("docs", "late", 1, all[100..200].to_vec())]).await.unwrap();
+    assert_eq!(acks[0].status, v1::BatchStatus::Applied as i32, "{acks:?}");
+    let got = tc
+        .client
+        .get(v1::GetRequest { collection: "docs".into(), ids: (0..300).collect(), with_vector: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(got.missing.is_empty(), "missing: {:?}", got.missing);
+    tc.cluster.shutdown().await.unwrap();
+}
